@@ -1,0 +1,1 @@
+"""Reproducible container images for SGLang GPU serving stacks."""
