@@ -24,13 +24,18 @@ except ImportError:  # run as a script from /opt/builder/runtime
 MODEL_PATH = "/models/smoke-check-model"
 DRAFT_MODEL_PATH = "/models/smoke-check-draft"
 
+# Prints, for each flag the stack set, the value argparse stored for it (read
+# through the flag's own action: `--tp-size` lands in `tensor_parallel_size`).
 _PARSE = """
 import argparse, json, sys
 from sglang.srt.server_args import ServerArgs
 parser = argparse.ArgumentParser()
 ServerArgs.add_cli_args(parser)
-namespace = parser.parse_args(json.loads(sys.argv[1]))
-print(json.dumps({key: value for key, value in vars(namespace).items()}, default=str))
+flags, asked = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+namespace = parser.parse_args(flags)
+dests = {option: action.dest for action in parser._actions for option in action.option_strings}
+print(json.dumps({flag: getattr(namespace, dests[flag], None) if flag in dests else "<no such flag>"
+                  for flag in asked}, default=str))
 """
 
 
@@ -57,14 +62,15 @@ def check_mode(env: Environment, mode: str) -> report.Result:
     check = f"entrypoint.{mode}"
     settings = launch_settings(env.info, mode)
     flags = stackinfo.server_arg_flags(settings)
-    child = run_python(["-c", _PARSE, json.dumps(flags)])
+    asked = {stackinfo.server_arg_flags({name: value})[0]: value
+             for name, value in settings.items() if value is not False and value is not None}
+    child = run_python(["-c", _PARSE, json.dumps(flags), json.dumps(sorted(asked))])
     if not child.ok:
         return report.failed(check, f"SGLang's parser rejects `{' '.join(flags)}`: "
                                     f"{child.reason()}")
     parsed = json.loads(child.stdout.strip().splitlines()[-1])
-    wrong = [f"{name}: asked {value!r}, parsed {parsed.get(name)!r}"
-             for name, value in settings.items()
-             if value is not False and value is not None and not _same(parsed.get(name), value)]
+    wrong = [f"{flag}: asked {value!r}, parsed {parsed[flag]!r}"
+             for flag, value in sorted(asked.items()) if not _same(parsed[flag], value)]
     if wrong:
         return report.failed(check, "parsed differently than asked: " + "; ".join(wrong))
     return report.passed(check, " ".join(flags))

@@ -22,6 +22,7 @@ except ImportError:  # run as a script from /opt/builder/runtime
     import smoke_libs
 
 IMPORT_TIMEOUT_S = 600
+_LOADER_MARKERS = ("undefined symbol", "cannot open shared object file", "version `")
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,11 @@ class ChildResult:
                 name = f"signal {-self.returncode}"
             last = f" after: {lines[-1]}" if lines else ""
             return f"killed by {name}{last}"
-        return lines[-1] if lines else f"exit status {self.returncode} with no message"
+        if not lines:
+            return f"exit status {self.returncode} with no message"
+        # A loader message says what broke; wrappers (sgl_kernel's loader) bury it mid-output.
+        telling = [line for line in lines if any(marker in line for marker in _LOADER_MARKERS)]
+        return (telling[0] if telling else lines[-1]).lstrip("- ")
 
 
 def run_python(args: list[str], timeout: float = IMPORT_TIMEOUT_S,
