@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import py_compile
-import shutil
 import subprocess
 import sys
 import textwrap
