@@ -41,12 +41,13 @@ class MatrixError(UserError):
 class Matrix:
     path: Path
     stacks: tuple[Stack, ...]  # rows as configured (registry or local base)
+    registry_stacks: tuple[Stack, ...]  # every row on its registry base
     local_stacks: tuple[Stack, ...]  # every row again, on the local base
     local_base: dict
     source_date_epoch: int
 
     def all_rows(self) -> tuple[Stack, ...]:
-        return self.stacks + tuple(s for s in self.local_stacks if s not in self.stacks)
+        return self.registry_stacks + self.local_stacks
 
     def stack(self, name: str) -> Stack:
         rows = {row.name: row for row in self.all_rows()}
@@ -146,7 +147,7 @@ class _Loader:
             local if local_base or self._base_source(row, default_source) == "local" else row
             for row, local in zip(registry_rows, local_rows)
         ]
-        return Matrix(self.path, tuple(configured), tuple(local_rows), self.document["local_base"],
+        return Matrix(self.path, tuple(configured), tuple(registry_rows), tuple(local_rows), self.document["local_base"],
                       self.document["defaults"]["source_date_epoch"])
 
     def _base_source(self, row: Stack, default: str) -> str:
