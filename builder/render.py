@@ -177,8 +177,9 @@ def render_all(stacks: tuple[Stack, ...], requirements: RequirementsSource) -> d
     return dict(sorted(files.items()))
 
 
-def write(files: dict[str, str], root: Path = REPO_ROOT) -> list[str]:
+def write(files: dict[str, str], root: Path | None = None) -> list[str]:
     """Write rendered files; returns the paths whose content changed."""
+    root = root or REPO_ROOT
     changed = []
     for relative, content in files.items():
         path = root / relative
@@ -192,8 +193,9 @@ def write(files: dict[str, str], root: Path = REPO_ROOT) -> list[str]:
     return changed
 
 
-def stale(files: dict[str, str], stacks: tuple[Stack, ...], root: Path = REPO_ROOT) -> list[str]:
+def stale(files: dict[str, str], stacks: tuple[Stack, ...], root: Path | None = None) -> list[str]:
     """Rendered files that differ from disk, are missing, or exist for these stacks but are not rendered."""
+    root = root or REPO_ROOT
     problems = []
     for relative, content in files.items():
         path = root / relative
@@ -211,8 +213,9 @@ def stale(files: dict[str, str], stacks: tuple[Stack, ...], root: Path = REPO_RO
     return problems
 
 
-def require_locked(stack: Stack, root: Path = REPO_ROOT) -> None:
+def require_locked(stack: Stack, root: Path | None = None) -> None:
     """Refuse to build a stack whose rendered requirements carry no hashes."""
+    root = root or REPO_ROOT
     for group in GROUP_ORDER:
         path = root / stack_dir(stack) / "requirements" / GROUP_FILES[group]
         if not path.is_file():
