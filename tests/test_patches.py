@@ -409,6 +409,7 @@ def test_cli_check_exit_codes(tmp_path: Path, demo_root: Path, monkeypatch, caps
         (["patches", "check", "--package", "sglang", "--version", "0.0.1"], "no patch series for sglang 0.0.1"),
         (["patches", "check", "--package", "sglang"], "--package and --version go together"),
         (["patches", "check", "--stack", "x", "--package", "sglang", "--version", "0.5.9"], "not both"),
+        (["patches", "check", "--matrix", str(REPO / "matrix.toml"), "--stack", "nope"], "unknown stack 'nope'"),
         (["patches", "refresh", "--package", "sglang", "--from", "0.0.1", "--to", "0.5.9"], "no patch series"),
         (["patches", "refresh", "--package", "sglang", "--from", "0.5.9", "--to", "0.5.9"], "already exists"),
     ],

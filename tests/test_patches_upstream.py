@@ -58,6 +58,16 @@ def test_cli_check_reports_every_patch():
     ]
 
 
+def test_cli_check_of_a_stack_row_checks_its_series():
+    result = subprocess.run(
+        [sys.executable, "-m", "builder.cli", "patches", "check", "--stack", "sglang-0.5.9-cu130", "--stack", "sglang-0.5.9-cu128"],
+        capture_output=True, text=True, cwd=REPO, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    series = [line.split(":")[0] for line in result.stdout.splitlines() if not line.startswith(" ")]
+    assert series == ["sglang 0.5.9", "flashinfer-python 0.6.4"]
+
+
 def test_corrupted_patch_is_refused_naming_the_hunk(tmp_path: Path):
     root = copy_series(tmp_path, "sglang", "0.5.9")
     target = root / "sglang" / "0.5.9" / "0002-allreduce-fusion-autoenable-sm120.patch"
