@@ -110,6 +110,8 @@ class Engine(Protocol):
     """A container engine backend. Refs are tags ("name:tag") or image IDs ("sha256:...")."""
 
     name: str
+    # True when equal inputs give an equal image ID on every clean build (see docs/engines.md).
+    reproducible: bool
 
     def check(self) -> None:
         """Raise UserError (one line, saying how to fix it) when the engine cannot be used."""
@@ -135,6 +137,17 @@ class Engine(Protocol):
 
     def save(self, ref: str, archive: Path) -> None:
         """Write the image as a docker-archive tarball with uncompressed layers."""
+
+
+def check_request_inputs(request: BuildRequest) -> None:
+    """Fail with one line before an engine starts on a request whose files are missing."""
+    if not request.context_dir.is_dir():
+        raise UserError(f"build context {request.context_dir} is not a directory")
+    if not request.dockerfile.is_file():
+        raise UserError(f"Dockerfile {request.dockerfile} not found")
+    for secret_id, path in request.secrets.items():
+        if not path.is_file():
+            raise UserError(f"secret {secret_id}: file {path} not found")
 
 
 def layers_from_history(

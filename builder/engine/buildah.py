@@ -16,7 +16,13 @@ import time
 from pathlib import Path
 
 from builder.engine._process import run_quiet, run_streaming
-from builder.engine.base import BuildRequest, BuildResult, ImageInfo, layers_from_history
+from builder.engine.base import (
+    BuildRequest,
+    BuildResult,
+    ImageInfo,
+    check_request_inputs,
+    layers_from_history,
+)
 from builder.engine.daemon import DockerDaemon, ImageNotFound
 from builder.errors import BuildFailure, UserError
 
@@ -30,6 +36,7 @@ class BuildahEngine:
     """
 
     name = "buildah"
+    reproducible = True
 
     def __init__(self, storage_dir: Path | None = None, export_to_docker: bool = True) -> None:
         self.storage_dir = storage_dir
@@ -91,7 +98,7 @@ class BuildahEngine:
 
     def build(self, request: BuildRequest) -> BuildResult:
         self.check()
-        _check_inputs(request)
+        check_request_inputs(request)
         started = time.monotonic()
         with tempfile.TemporaryDirectory(prefix="builder-iid-") as scratch:
             iidfile = Path(scratch) / "iid"
@@ -234,16 +241,6 @@ class BuildahEngine:
             raise UserError("refusing to empty buildah's shared storage: use a private storage_dir")
         run_quiet(self._global_args() + ["rm", "--all"], "buildah rm --all")
         run_quiet(self._global_args() + ["rmi", "--all", "--force"], "buildah rmi --all")
-
-
-def _check_inputs(request: BuildRequest) -> None:
-    if not request.context_dir.is_dir():
-        raise UserError(f"build context {request.context_dir} is not a directory")
-    if not request.dockerfile.is_file():
-        raise UserError(f"Dockerfile {request.dockerfile} not found")
-    for secret_id, path in request.secrets.items():
-        if not path.is_file():
-            raise UserError(f"secret {secret_id}: file {path} not found")
 
 
 def _normalise_id(image_id: str) -> str:
