@@ -53,7 +53,7 @@ class Comparison:
     layer_index: int | None = None  # 0-based index of the first differing layer
     step: str = ""
     files: tuple[FileDifference, ...] = ()
-    config_fields: tuple[str, ...] = ()  # top-level config keys that differ
+    config_fields: tuple[str, ...] = ()  # config paths that differ (when no layer does)
 
     @property
     def identical(self) -> bool:
@@ -212,9 +212,26 @@ def compare(first_path: Path, second_path: Path) -> Comparison:
             # Same entries, different bytes: the tar framing itself differs (order, headers).
             files = (FileDifference("(tar stream)", "same files, different archive bytes"),)
         return replace(result, layer_index=index, step=step, files=files)
-    keys = sorted(first.config.keys() | second.config.keys())
-    changed = tuple(k for k in keys if first.config.get(k) != second.config.get(k))
-    return replace(result, config_fields=changed)
+    return replace(result, config_fields=config_differences(first.config, second.config))
+
+
+def config_differences(first: object, second: object, prefix: str = "") -> tuple[str, ...]:
+    """Dotted paths of the values that differ, e.g. ("config.Hostname", "history[3].comment")."""
+    if isinstance(first, dict) and isinstance(second, dict):
+        paths: list[str] = []
+        for key in sorted(first.keys() | second.keys()):
+            path = f"{prefix}.{key}" if prefix else key
+            if key not in first or key not in second:
+                paths.append(path)
+            else:
+                paths += config_differences(first[key], second[key], path)
+        return tuple(paths)
+    if isinstance(first, list) and isinstance(second, list) and len(first) == len(second):
+        paths = []
+        for index, (a, b) in enumerate(zip(first, second)):
+            paths += config_differences(a, b, f"{prefix}[{index}]")
+        return tuple(paths)
+    return () if first == second else (prefix,)
 
 
 # -- two clean builds ----------------------------------------------------------------------------

@@ -64,7 +64,7 @@ class BuildahEngine:
             "--timestamp", str(request.source_date_epoch),
             # The buildah version label would tie the digest to the tool's version.
             "--identity-label=false",
-            "--format", "docker",
+            "--format", "oci",
             "--layers",
             # Base images are local (no registry here): never try to pull one.
             "--pull=never",
