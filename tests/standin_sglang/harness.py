@@ -101,17 +101,18 @@ class Running:
         for line in stream:
             sink.append(line)
 
-    def wait_for(self, pattern: str, timeout: float = 30) -> str:
-        """The first stderr line matching `pattern`; fails if the process ends or time runs out."""
+    def wait_for(self, pattern: str, timeout: float = 30, stream: str = "stderr") -> str:
+        """The first line of `stream` matching `pattern`; fails if the process ends or time runs out."""
         regex = re.compile(pattern)
+        lines = self.stderr if stream == "stderr" else self.stdout
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            for line in list(self.stderr):
+            for line in list(lines):
                 if regex.search(line):
                     return line
             if self.proc.poll() is not None:
                 time.sleep(0.2)  # let the readers finish
-                for line in list(self.stderr):
+                for line in list(lines):
                     if regex.search(line):
                         return line
                 raise AssertionError(f"exited {self.proc.returncode} before {pattern!r}:\n{self.text()}")

@@ -18,6 +18,7 @@ Behaviour is set by the tests through environment variables:
   STANDIN_WARMUP_S=0.2                      HTTP up, /health 503, before the ready line
   STANDIN_WARMUP_HANG=1                     never finish warm-up
   STANDIN_READY_LINE=0                      never log the ready line (ready only via /health)
+  STANDIN_DIE_AFTER_READY=s:code            exit with code s seconds after becoming ready
   STANDIN_TOK_S=89.5  STANDIN_TTFT_S=0.02   decode rate and prefill time
   STANDIN_ACCEPT_LENGTH=3.0                 tokens per step when speculative
   STANDIN_DECODE_LOG_INTERVAL=40            decode steps between "Decode batch" lines
@@ -148,7 +149,9 @@ def start_orphan() -> None:
     child = os.fork()
     if child == 0:
         if os.fork() == 0:
-            time.sleep(0.3)
+            time.sleep(0.2)
+            log(f"orphan {os.getpid()} re-parented to {os.getppid()}")
+            time.sleep(0.2)
             os._exit(0)
         os._exit(0)
     os.waitpid(child, 0)
@@ -392,6 +395,11 @@ def main(argv: list[str]) -> int:
     state.ready = True
     if os.environ.get("STANDIN_READY_LINE", "1") == "1":
         log(READY_LINE)
+    die_after, _, code = os.environ.get("STANDIN_DIE_AFTER_READY", "").partition(":")
+    if die_after:
+        time.sleep(float(die_after))
+        log("Scheduler or DataParallelController 1234 terminated with -9", " TP0")
+        return int(code or 1)
     hang()
     return 0
 
