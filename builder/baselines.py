@@ -60,5 +60,5 @@ def load(path: Path | None = None, stacks: tuple[Stack, ...] | None = None) -> d
 
 def _kind_name(kind) -> str:
     kinds = kind if isinstance(kind, tuple) else (kind,)
-    return " or ".join({"str": "string", "int": "number", "float": "number", "bool": "boolean"}[k.__name__]
-                       for k in kinds)
+    names = {"str": "string", "int": "number", "float": "number", "bool": "boolean"}
+    return " or ".join(sorted({names[k.__name__] for k in kinds}))

@@ -110,8 +110,9 @@ def index_strategy(indexes: tuple[str, ...]) -> str:
 
 
 def check_sources_reachable(stack: Stack) -> None:
-    """Fail before resolving, with one line naming the source, when an extra index or wheel URL
-    cannot be reached: uv would otherwise report it deep in a cause chain, or try other indexes."""
+    """Fail before resolving, with one line naming every extra index or wheel URL that cannot be
+    reached: uv would report only the first, deep in a cause chain, or quietly try other indexes."""
+    failures: list[str] = []
     checked: set[str] = set()
     for package in stack.packages:
         if package.url:
@@ -126,11 +127,12 @@ def check_sources_reachable(stack: Stack) -> None:
         try:
             response = requests.head(target, timeout=REACH_TIMEOUT_S, allow_redirects=True)
         except requests.RequestException as error:
-            raise UserError(f"{stack.name}: cannot reach {what} ({_network_reason(error)}); nothing was locked") from None
+            failures.append(f"cannot reach {what} ({_network_reason(error)})")
+            continue
         if response.status_code >= 500:
-            raise UserError(
-                f"{stack.name}: {what} answered HTTP {response.status_code}; nothing was locked"
-            )
+            failures.append(f"{what} answered HTTP {response.status_code}")
+    if failures:
+        raise UserError(f"{stack.name}: {'; '.join(failures)}; nothing was locked")
 
 
 def _network_reason(error: requests.RequestException) -> str:
@@ -270,7 +272,9 @@ def _parents(text: str) -> list[str]:
 
 def assign_groups(parents: dict[str, tuple[str, ...]]) -> dict[str, str]:
     """Install group of every distribution: torch and everything it pulls in; then the kernels
-    (sgl-kernel, flashinfer-*) and what they pull in beyond torch's closure; then the rest."""
+    (sgl-kernel, flashinfer-*) and what they pull in beyond torch's closure; then the rest.
+    uv's graph names no extras, so an extra another package asks for (sglang's fsspec[http])
+    counts as its base package's dependency and may install a group early: harmless."""
     children: dict[str, set[str]] = {name: set() for name in parents}
     for name, its_parents in parents.items():
         for parent in its_parents:
