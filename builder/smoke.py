@@ -7,6 +7,8 @@ passed in when asked (`--gpus all` is a DeviceRequest for every GPU).
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
+
 import docker
 import docker.errors
 from docker.types import DeviceRequest
@@ -15,6 +17,30 @@ from builder.errors import BuildFailure, UserError
 from builder.runtime import smoke_report
 
 SMOKE_COMMAND = ["/opt/venv/bin/python", "/opt/builder/runtime/smoke.py", "--json"]
+
+
+@dataclass(frozen=True)
+class SmokeReport:
+    """The checks' results for one image, as `builder build` records and shows them."""
+
+    image: str
+    stack: str
+    results: tuple[smoke_report.Result, ...]
+
+    @property
+    def passed(self) -> bool:
+        return not any(result.status == smoke_report.FAIL for result in self.results)
+
+    def failures(self) -> list[str]:
+        return [result.check for result in self.results if result.status == smoke_report.FAIL]
+
+    def to_dict(self) -> dict:
+        return {"passed": self.passed, "image": self.image, "stack": self.stack,
+                "summary": smoke_report.summary(list(self.results)),
+                "results": [asdict(result) for result in self.results]}
+
+    def table(self) -> str:
+        return smoke_report.format_table(f"{self.stack} ({self.image})", list(self.results))
 
 
 def device_requests(gpus: str | None) -> list[DeviceRequest]:
@@ -31,8 +57,8 @@ def device_requests(gpus: str | None) -> list[DeviceRequest]:
 
 
 def run_in_image(image: str, gpus: str | None = None, only: list[str] | None = None,
-                 client: docker.DockerClient | None = None) -> tuple[str, list, str]:
-    """Run the checks in a fresh container; (stack, results, the container's stderr)."""
+                 client: docker.DockerClient | None = None) -> SmokeReport:
+    """Run the checks in a fresh container of `image` and collect their report."""
     command = SMOKE_COMMAND + (["--only", *only] if only else [])
     try:
         client = client or docker.from_env()
@@ -56,23 +82,22 @@ def run_in_image(image: str, gpus: str | None = None, only: list[str] | None = N
     except (ValueError, KeyError, TypeError):
         tail = (stderr.strip().splitlines() or [f"exit status {status}, no output"])[-1]
         raise BuildFailure(f"smoke checks in {image} gave no report: {tail}") from None
-    return stack, results, stderr
+    return SmokeReport(image, stack, tuple(results))
 
 
 def smoke(image: str, gpus: str | None, json_path: str | None, only: list[str] | None = None,
           client: docker.DockerClient | None = None) -> int:
     """Print the table, write the JSON report if asked; 1 when any check failed."""
-    stack, results, _ = run_in_image(image, gpus, only, client)
-    print(smoke_report.format_table(f"{stack} ({image})", results), end="")
+    report = run_in_image(image, gpus, only, client)
+    print(report.table(), end="")
     if json_path:
         try:
             with open(json_path, "w", encoding="utf-8") as handle:
-                handle.write(smoke_report.to_json(stack, results))
+                handle.write(smoke_report.to_json(report.stack, list(report.results)))
         except OSError as error:
             raise UserError(f"cannot write {json_path}: {error.strerror}") from None
-    failures = [result.check for result in results if result.status == smoke_report.FAIL]
-    if failures:
-        raise BuildFailure(f"smoke checks failed in {image}: {', '.join(failures)}")
+    if not report.passed:
+        raise BuildFailure(f"smoke checks failed in {image}: {', '.join(report.failures())}")
     return 0
 
 

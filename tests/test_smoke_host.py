@@ -102,6 +102,18 @@ def test_smoke_in_a_real_container_passes(smoke_image, capsys):
 
 
 @pytest.mark.engine
+def test_report_object_for_builder_build(smoke_image):
+    report = smoke.run_in_image(smoke_image, only=["versions"], client=docker_client())
+    assert report.passed is False and report.failures() == ["versions.torch",
+                                                            "versions.torch-cuda"]
+    as_dict = report.to_dict()
+    assert as_dict["passed"] is False and as_dict["stack"] == "smoke-engine-test"
+    assert as_dict["results"][0] == {"check": "versions.torch", "status": "fail",
+                                     "detail": "torch is not installed (pinned 2.9.1)"}
+    assert report.table().startswith("smoke checks for smoke-engine-test (localhost/")
+
+
+@pytest.mark.engine
 def test_image_without_the_program_is_a_build_failure():
     client = docker_client()
     with pytest.raises(BuildFailure, match=f"smoke checks could not run in {BASE_IMAGE}"):
