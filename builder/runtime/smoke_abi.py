@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+import textwrap
 
 try:
     from . import elf, smoke_libs
@@ -45,16 +46,16 @@ PRELOADED_MODULES = ("torch", "tvm_ffi")
 _DRIVER_SYMBOL = re.compile(r"^(cu|nvml)[A-Z]")
 _SHOWN = 5
 
-_LIST_MAPS = """
-import importlib, sys
-for name in sys.argv[1:]:
-    try:
-        importlib.import_module(name)
-    except Exception:
-        pass
-maps = {line.split()[-1] for line in open("/proc/self/maps") if len(line.split()) >= 6}
-print("\\n".join(sorted(path for path in maps if ".so" in path.rsplit("/", 1)[-1])))
-"""
+_LIST_MAPS = textwrap.dedent("""
+    import importlib, sys
+    for name in sys.argv[1:]:
+        try:
+            importlib.import_module(name)
+        except Exception:
+            pass
+    maps = {line.split()[-1] for line in open("/proc/self/maps") if len(line.split()) >= 6}
+    print("\\n".join(sorted(path for path in maps if ".so" in path.rsplit("/", 1)[-1])))
+""")
 
 
 def mapped_after_import(modules: tuple[str, ...]) -> list[str]:

@@ -9,6 +9,7 @@ too). No GPU needed: ServerArgs' post-init, which probes the device, is not run.
 from __future__ import annotations
 
 import json
+import textwrap
 
 try:
     from . import smoke_report as report
@@ -26,17 +27,17 @@ DRAFT_MODEL_PATH = "/models/smoke-check-draft"
 
 # Prints, for each flag the stack set, the value argparse stored for it (read
 # through the flag's own action: `--tp-size` lands in `tensor_parallel_size`).
-_PARSE = """
-import argparse, json, sys
-from sglang.srt.server_args import ServerArgs
-parser = argparse.ArgumentParser()
-ServerArgs.add_cli_args(parser)
-flags, asked = json.loads(sys.argv[1]), json.loads(sys.argv[2])
-namespace = parser.parse_args(flags)
-dests = {option: action.dest for action in parser._actions for option in action.option_strings}
-print(json.dumps({flag: getattr(namespace, dests[flag], None) if flag in dests else "<no such flag>"
-                  for flag in asked}, default=str))
-"""
+_PARSE = textwrap.dedent("""
+    import argparse, json, sys
+    from sglang.srt.server_args import ServerArgs
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    flags, asked = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+    namespace = parser.parse_args(flags)
+    dests = {option: action.dest for action in parser._actions for option in action.option_strings}
+    print(json.dumps({flag: getattr(namespace, dests[flag], None) if flag in dests else "<no such flag>"
+                      for flag in asked}, default=str))
+""")
 
 
 def launch_settings(info: dict, mode: str) -> dict:

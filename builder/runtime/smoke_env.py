@@ -15,6 +15,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+import textwrap
 
 try:
     from . import smoke_libs
@@ -65,15 +66,15 @@ def run_python(args: list[str], timeout: float = IMPORT_TIMEOUT_S,
     return ChildResult(done.returncode, done.stdout, done.stderr)
 
 
-_TORCH_PROBE = """
-import json, torch
-print(json.dumps({
-    "version": torch.__version__,
-    "cuda": torch.version.cuda,
-    "cxx11_abi": bool(torch._C._GLIBCXX_USE_CXX11_ABI),
-    "file": torch.__file__,
-}))
-"""
+_TORCH_PROBE = textwrap.dedent("""
+    import json, torch
+    print(json.dumps({
+        "version": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cxx11_abi": bool(torch._C._GLIBCXX_USE_CXX11_ABI),
+        "file": torch.__file__,
+    }))
+""")
 
 
 class Environment:
