@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from builder import patches
+from builder import cli_common, patches
 from builder.errors import UserError
 
 
@@ -19,7 +19,7 @@ def register(subparsers) -> None:
         help="apply each series to its exact upstream wheel in a temporary directory",
         description="Without --stack or --package, checks every series under patches/.",
     )
-    check.add_argument("--stack", help="check the series of this matrix row")
+    cli_common.add_matrix_arguments(check)
     check.add_argument("--package", help="distribution name, e.g. sglang")
     check.add_argument("--version", help="the distribution's version, e.g. 0.5.9")
     check.set_defaults(func=run_check)
@@ -39,9 +39,9 @@ def _selected(args: argparse.Namespace) -> list[tuple[str, str]]:
     if bool(args.package) != bool(args.version):
         raise UserError("--package and --version go together")
     if args.stack:
-        from builder import matrix  # the lead's matrix loader; imported only for --stack
-
-        return list(matrix.load_matrix(args.matrix).stack(args.stack).patch_series)
+        rows = cli_common.load(args).select(args.stack, args.local_base)
+        # Rows share series (a CUDA axis does not change sglang): check each once, in row order.
+        return list(dict.fromkeys(pair for row in rows for pair in row.patch_series))
     if args.package:
         return [(args.package, args.version)]
     selected = patches.all_series()
@@ -51,8 +51,11 @@ def _selected(args: argparse.Namespace) -> list[tuple[str, str]]:
 
 
 def run_check(args: argparse.Namespace) -> int:
+    selected = _selected(args)
+    if not selected:
+        print(f"stack {', '.join(args.stack)} patches nothing")
     failed = False
-    for distribution, version in _selected(args):
+    for distribution, version in selected:
         check = patches.check_series(distribution, version)
         print("\n".join(patches.format_check(check)), flush=True)
         failed |= not check.ok

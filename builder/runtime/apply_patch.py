@@ -172,7 +172,7 @@ def _diff_at(diffs: list[FileDiff], line: int) -> FileDiff | None:
 def _describe(diff: FileDiff | None, hunk: Hunk | None, reason: str) -> str:
     where = diff.path if diff else "(before the first file)"
     if hunk:
-        where += f": hunk #{hunk.number} ({hunk.header})"
+        where += f": hunk #{hunk.number}" + (f" ({hunk.header})" if hunk.header else "")
     return f"{where} {reason}"
 
 
@@ -189,14 +189,15 @@ def interpret(output: str, returncode: int, diffs: list[FileDiff]) -> Outcome:
     offsets: list[str] = []
     fuzz: list[str] = []
 
-    def hunk_of(number: int) -> Hunk | None:
+    def hunk_of(number: int) -> Hunk:
         if current is None or not 0 < number <= len(current.hunks):
-            return None
+            return Hunk(number, "", 0)  # named by number only
         return current.hunks[number - 1]
 
     for line in output.splitlines():
         if match := _FILE_LINE.match(line):
-            current = by_path.get(_unquote(match.group(1)))
+            name = _unquote(match.group(1))
+            current = by_path.get(name) or FileDiff(name, 0, ())
         elif match := _HUNK_FAILED.match(line):
             hunk = hunk_of(int(match.group(1)))
             problems.append(_describe(current, hunk, f"FAILED at line {match.group(2)}"))
