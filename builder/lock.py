@@ -33,7 +33,6 @@ from builder.stack import GROUP_ORDER, Stack
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SCHEMA = 1
-STATUSES = ("resolved", "built", "smoke-passed", "pinned")
 _TEMP_SUFFIX = ".tmp"
 
 

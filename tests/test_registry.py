@@ -210,7 +210,7 @@ def test_an_immutable_tag_is_never_moved(client, live_registry, image, path):
     registry.push(STACK.name, live_registry.host, client=client, lock_path=path)
     registry.push(STACK.name, live_registry.host, client=client, lock_path=path)  # same image: fine
     # Another image under the same immutable tag.
-    other = client.api.import_image_from_data(b"\0" * 1024, repository=image["repository"], tag="other")
+    client.api.import_image_from_data(b"\0" * 1024, repository=image["repository"], tag="other")
     other_id = client.images.get(f"{image['repository']}:other").id
     try:
         lock.record_build(STACK, image_id=other_id, tags=[image["immutable"]], report_path="r.json", path=path)
