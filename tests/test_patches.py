@@ -403,6 +403,23 @@ def test_cli_check_exit_codes(tmp_path: Path, demo_root: Path, monkeypatch, caps
     assert "FAILED  0001-demo-sm120.patch" in out and "demo/table.py: hunk #1" in out
 
 
+def test_cli_refresh_exit_codes(tmp_path: Path, demo_root: Path, monkeypatch, capsys):
+    monkeypatch.setattr(patches, "PATCHES_ROOT", demo_root)
+    monkeypatch.setenv("BUILDER_CACHE", str(tmp_path / "builder-cache"))
+    build_wheel(tmp_path / "builder-cache" / "dists", "1.1", module_source(shift=2))
+    build_wheel(tmp_path / "builder-cache" / "dists", "1.2", module_source().replace("    10: {2", "    10: {1"))
+
+    assert cli.main(["patches", "refresh", "--package", "demo", "--from", "1.0", "--to", "1.1"]) == 0
+    out = capsys.readouterr().out
+    assert "  refreshed 0001-demo-sm120.patch\n    demo/table.py: hunk #1 (@@ -3,6 +3,7 @@) offset +2 lines" in out
+    assert out.rstrip().endswith(f"wrote {demo_root / 'demo' / '1.1'}")
+
+    assert cli.main(["patches", "refresh", "--package", "demo", "--from", "1.0", "--to", "1.2"]) == 1
+    out = capsys.readouterr().out
+    assert "  NEEDS A PERSON 0001-demo-sm120.patch\n    demo/table.py: hunk #1 (@@ -3,6 +3,7 @@) FAILED at line 3" in out
+    assert "still to do by hand: 0001-demo-sm120.patch" in out
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [

@@ -6,6 +6,7 @@ sglang 0.5.10 is a real neighbouring release the 0.5.9 series does not fit.
 
 from __future__ import annotations
 
+import importlib.util
 import shutil
 import subprocess
 import sys
@@ -41,6 +42,42 @@ def test_series_applies_strictly_and_compiles(dist, version, patched):
     assert check.wheel.startswith(f"{dist.replace('-', '_')}-{version}-")
     assert all(r.offsets == () for r in check.results), "patches were made against these very files"
     assert sum(len(r.compiled) for r in check.results) == patched
+
+
+def test_image_step_on_a_pip_installed_site_packages(tmp_path: Path):
+    """What a patch layer does: pip installed the wheels (and their .pyc), then one RUN per patch."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    wheels = [patches.fetch_wheel("sglang", "0.5.9"), patches.fetch_wheel("flashinfer-python", "0.6.4")]
+    subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet", "--no-deps", "--no-index",
+         *map(str, wheels)],
+        check=True,
+    )  # fmt: skip
+    purelib = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    site = Path(purelib)
+    series = patches.series_for("sglang", "0.5.9") + patches.series_for("flashinfer-python", "0.6.4")
+    for patch in series:
+        result = subprocess.run(
+            [str(python), "-I", str(REPO / "builder/runtime/apply_patch.py"), "--site-packages", str(site),
+             str(patch.path)],
+            capture_output=True, text=True, env={"SOURCE_DATE_EPOCH": "1767225600", "PATH": "/usr/bin:/bin"},
+            check=False,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.startswith(f"apply_patch: applied {patch.name}: ")
+    for rel in (file for patch in series for file in patch.files):
+        source = site / rel
+        cached = sorted((source.parent / "__pycache__").glob(source.stem + ".*.pyc"))
+        assert [c.name for c in cached] == [f"{source.stem}.{sys.implementation.cache_tag}.pyc"], rel
+        pyc = cached[0].read_bytes()
+        assert int.from_bytes(pyc[4:8], "little") == 0b11, f"{rel}: not a checked-hash .pyc"
+        assert pyc[8:16] == importlib.util.source_hash(source.read_bytes()), f"{rel}: .pyc is stale"
+    assert not [p for p in site.rglob("*") if p.suffix in (".orig", ".rej")]
 
 
 def test_cli_check_reports_every_patch():
