@@ -33,7 +33,6 @@ from builder.stack import GROUP_ORDER, Stack
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SCHEMA = 1
-STATUSES = ("resolved", "built", "smoke-passed", "pinned")
 _TEMP_SUFFIX = ".tmp"
 
 
@@ -69,6 +68,7 @@ def write_atomic(path: Path, text: str) -> None:
     path = Path(path)
     descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=_TEMP_SUFFIX, dir=path.parent)
     try:
+        os.fchmod(descriptor, _mode_for(path))  # mkstemp makes 0600; keep the file's own mode
         with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
             handle.write(text)
             handle.flush()
@@ -83,6 +83,15 @@ def write_atomic(path: Path, text: str) -> None:
         os.fsync(directory)  # the rename itself survives a power cut
     finally:
         os.close(directory)
+
+
+def _mode_for(path: Path) -> int:
+    try:
+        return path.stat().st_mode & 0o777
+    except FileNotFoundError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
 
 
 @contextlib.contextmanager
@@ -277,9 +286,19 @@ def requirements_for(stack: Stack | str, path: Path | None = None) -> dict[str, 
 # --- image lifecycle -------------------------------------------------------------------------
 
 
-def record_base(stack: Stack | str, digest: str, path: Path | None = None) -> None:
-    """The base image's digest once known (a registry pull, or `builder base` for the local base)."""
-    update(lambda data: _entry_in(data, stack)["base"].update(digest=digest), path)
+def record_base(base_name: str, digest: str, path: Path | None = None) -> list[str]:
+    """The digest of a base image once known (a registry pull, or `builder base` for the local
+    base), in every locked stack built on it; returns those stacks."""
+    updated: list[str] = []
+
+    def change(data: dict) -> None:
+        for name, found in sorted(data["stacks"].items()):
+            if found.get("base", {}).get("name") == base_name:
+                found["base"]["digest"] = digest
+                updated.append(name)
+
+    update(change, path)
+    return updated
 
 
 def record_build(

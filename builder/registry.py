@@ -18,6 +18,7 @@ import docker.errors
 import requests
 
 from builder import lock
+from builder.engine.daemon import DockerDaemon
 from builder.errors import BuildFailure, UserError
 
 ATTEMPTS = 4
@@ -67,13 +68,8 @@ def is_transient(message: str) -> bool:
 
 
 def docker_client() -> docker.DockerClient:
-    try:
-        client = docker.from_env(timeout=600)
-        client.ping()
-    except docker.errors.DockerException as error:
-        raise UserError(f"Docker daemon not running ({_last_line(error)}): start it with "
-                        "scripts/setup-host (or run `dockerd &` as root)") from None
-    return client
+    """The local daemon; one line saying how to start it when it is not running."""
+    return DockerDaemon().client
 
 
 def split_registry(registry: str) -> tuple[str, str]:

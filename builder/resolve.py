@@ -121,9 +121,9 @@ def check_sources_reachable(stack: Stack) -> None:
             target, what = f"{package.index.rstrip('/')}/{package.name}/", f"package index {package.index}"
         else:
             continue
-        if target in checked:
+        if what in checked:  # one probe per index: its first package's page
             continue
-        checked.add(target)
+        checked.add(what)
         try:
             response = requests.head(target, timeout=REACH_TIMEOUT_S, allow_redirects=True)
         except requests.RequestException as error:

@@ -76,7 +76,7 @@ def test_crash_mid_write_leaves_the_old_lock(path):
     leftovers = list(path.parent.glob(".matrix.lock.*.tmp"))
     assert len(leftovers) == 1 and json.loads(leftovers[0].read_text())["stacks"] == {}
     # The next writer clears what the dead one left.
-    lock.record_base(CU128, "sha256:" + "b" * 64, path=path)
+    assert lock.record_base("cuda-12.8.1", "sha256:" + "b" * 64, path=path) == [CU128.name]
     assert list(path.parent.glob(".matrix.lock.*.tmp")) == []
     assert lock.entry(CU128, path)["base"]["digest"] == "sha256:" + "b" * 64
 
@@ -115,6 +115,22 @@ def test_concurrent_writers_all_land(path):
     stacks = lock.read(path)["stacks"]
     assert {f"writer-{k}-{n}" for k in range(4) for n in range(20)} <= set(stacks)
     assert CU128.name in stacks
+
+
+def test_new_lock_gets_ordinary_permissions_and_keeps_them(path):
+    locked(path)
+    assert path.stat().st_mode & 0o777 == 0o666 & ~_umask()
+    path.chmod(0o640)
+    lock.record_base("cuda-12.8.1", "sha256:" + "c" * 64, path=path)
+    assert path.stat().st_mode & 0o777 == 0o640
+
+
+def _umask() -> int:
+    import os
+
+    current = os.umask(0)
+    os.umask(current)
+    return current
 
 
 def test_output_is_deterministic_sorted_json(path, tmp_path):
@@ -244,12 +260,15 @@ def test_a_new_build_clears_smoke_push_measurements_and_pin(path):
     assert "pinned" not in entry
 
 
-def test_relocking_the_same_distributions_keeps_the_image(path):
+def test_relocking_the_same_distributions_keeps_the_image_and_the_base_digest(path):
     locked(path)
+    assert lock.record_base("debian-bookworm", "sha256:" + "e" * 64, path=path) == []
+    lock.record_base("cuda-12.8.1", "sha256:" + "e" * 64, path=path)
     built(path)
     lock.record_smoke(CU128.name, passed=True, report={"passed": True}, path=path)
     locked(path)
     assert lock.entry(CU128, path)["status"] == "smoke-passed"
+    assert lock.entry(CU128, path)["base"]["digest"] == "sha256:" + "e" * 64
     locked(path, CU128, dist("new-dependency", "1.0", "sglang"))
     entry = lock.entry(CU128, path)
     assert (entry["status"], entry["image"]) == ("resolved", None)

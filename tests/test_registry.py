@@ -210,7 +210,7 @@ def test_an_immutable_tag_is_never_moved(client, live_registry, image, path):
     registry.push(STACK.name, live_registry.host, client=client, lock_path=path)
     registry.push(STACK.name, live_registry.host, client=client, lock_path=path)  # same image: fine
     # Another image under the same immutable tag.
-    other = client.api.import_image_from_data(b"\0" * 1024, repository=image["repository"], tag="other")
+    client.api.import_image_from_data(b"\0" * 1024, repository=image["repository"], tag="other")
     other_id = client.images.get(f"{image['repository']}:other").id
     try:
         lock.record_build(STACK, image_id=other_id, tags=[image["immutable"]], report_path="r.json", path=path)
@@ -314,3 +314,16 @@ def test_pull_and_push_refuse_what_the_lock_does_not_support(client, image, path
 def test_daemon_messages_are_classified(message, transient):
     """Messages as the Docker daemon words them (the first two seen from dockerd 28 here)."""
     assert registry.is_transient(message) is transient
+
+
+def test_push_without_a_docker_daemon_says_how_to_start_it(path, monkeypatch, capsys, tmp_path):
+    lock.record_build(STACK, image_id="sha256:" + "1" * 64, tags=["t:1"], report_path="r.json", path=path)
+    lock.record_smoke(STACK.name, passed=True, report={"passed": True}, path=path)
+    before = path.read_bytes()
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-daemon.sock")
+    assert main(["push", STACK.name, "--registry", "127.0.0.1:5000"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("builder: error: Docker daemon not running (")
+    assert err.endswith("start it with scripts/setup-host (or run `dockerd &` as root)\n")
+    assert err.count("\n") == 1
+    assert path.read_bytes() == before

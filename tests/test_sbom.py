@@ -19,6 +19,7 @@ from cyclonedx.schema import SchemaVersion
 from cyclonedx.validation.json import JsonStrictValidator
 
 from builder import lock, sbom
+from builder.errors import BuildFailure
 from builder.matrix import load_matrix
 from builder.resolve import PLATFORM, Distribution, Resolution
 
@@ -168,5 +169,5 @@ def test_sbom_of_a_real_image_written_beside_the_report_and_recorded(python_imag
 @pytest.mark.engine
 def test_an_image_without_the_venv_python_is_a_clear_error(python_image):
     client, image_id = python_image
-    with pytest.raises(sbom.BuildFailure, match=rf"^{image_id}: cannot run /no/python in it"):
+    with pytest.raises(BuildFailure, match=rf"^{image_id}: cannot run /no/python in it"):
         sbom.installed_distributions(image_id, client, python="/no/python")
