@@ -159,6 +159,7 @@ def test_dry_run_prints_command_and_env_with_passthrough(tmp_path):
         (["serve", "--mode", "baseline"], "the following arguments are required: --model"),
         (["serve", "--mode", "baseline", "--model", "/m", "--tp", "0"], "0 is not a positive integer"),
         (["serve", "--mode", "baseline", "--model", "/m", "--port", "70000"], "70000 is not a TCP port"),
+        (["serve", "--mode", "baseline", "--model", "/m", "--stall-timeout", "-1"], "-1 is not a positive number"),
         (["bench", "--mode", "baseline"], "error: bench needs --model PATH to launch a server, or --url"),
         (["bench", "--mode", "baseline", "--url", "http://x", "--model", "/m"], "error: --url benchmarks"),
         (["bench", "--mode", "baseline", "--model", "/m", "--tolerance", "3"], "error: --tolerance 3.0"),
@@ -177,7 +178,7 @@ def test_bad_timeout_variable_exits_2(tmp_path):
     env["ENTRYPOINT_STALL_TIMEOUT"] = "five minutes"
     result = harness.run_entrypoint(["serve", "--mode", "baseline", "--model", "/m"], env)
     assert result.returncode == 2
-    assert "ENTRYPOINT_STALL_TIMEOUT='five minutes' is not a number of seconds" in result.stderr
+    assert "ENTRYPOINT_STALL_TIMEOUT='five minutes' is not a positive number of seconds" in result.stderr
 
 
 def test_missing_stack_description_exits_2(tmp_path):

@@ -38,7 +38,7 @@ from builder.runtime.serve_errors import (
     StartupStalled,
     UsageError,
 )
-from builder.runtime.supervise import Supervisor, Timeouts, health_url
+from builder.runtime.supervise import Supervisor, Timeouts, health_url, server_url
 
 PROG = "entrypoint"
 SMOKE_PROGRAM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "smoke.py")
@@ -59,9 +59,9 @@ def env_float(name: str, default: float) -> float:
     if value is None:
         return default
     try:
-        return float(value)
-    except ValueError:
-        raise UsageError(f"{name}={value!r} is not a number of seconds") from None
+        return seconds(value)
+    except (ValueError, argparse.ArgumentTypeError):
+        raise UsageError(f"{name}={value!r} is not a positive number of seconds") from None
 
 
 def positive_int(text: str) -> int:
@@ -75,6 +75,13 @@ def non_negative_int(text: str) -> int:
     value = int(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"{text} is negative")
+    return value
+
+
+def seconds(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text} is not a positive number of seconds")
     return value
 
 
@@ -99,11 +106,11 @@ def add_launch_options(parser: argparse.ArgumentParser, model_required: bool) ->
     parser.add_argument("--cache-dir", help="JIT cache directory (stack default: /cache)")
     parser.add_argument("--log-file", help="server log (default: CACHE_DIR/logs/sglang-portP-nodeR.log)")
     parser.add_argument(
-        "--stall-timeout", type=float, help="seconds without progress before giving up (default 300)"
+        "--stall-timeout", type=seconds, help="seconds without progress before giving up (default 300)"
     )
-    parser.add_argument("--start-timeout", type=float, help="total cap on starting (default 3600)")
+    parser.add_argument("--start-timeout", type=seconds, help="total cap on starting (default 3600)")
     parser.add_argument(
-        "--stop-timeout", type=float, help="seconds between forwarding a stop signal and SIGKILL (default 30)"
+        "--stop-timeout", type=seconds, help="seconds between forwarding a stop signal and SIGKILL (default 30)"
     )
 
 
@@ -301,10 +308,8 @@ def cmd_bench(args: argparse.Namespace, extra: tuple[str, ...]) -> int:
     limits = timeouts(args)
     announce_env(plan)
     report = run_preflight(plan)
-    base_url = health_url(plan.host, plan.port).rsplit("/health", 1)[0]
-    return supervised(
-        plan, args, report, limits, lambda sup: job_for(base_url, plan.api_key, report.gpu_names, sup)
-    )
+    url = server_url(plan.host, plan.port)
+    return supervised(plan, args, report, limits, lambda sup: job_for(url, plan.api_key, report.gpu_names, sup))
 
 
 def exec_smoke(arguments: list[str]) -> int:
