@@ -1,0 +1,28 @@
+"""Container engine backends behind one interface (see base.Engine)."""
+
+from __future__ import annotations
+
+from builder.engine.base import BuildRequest, BuildResult, Engine, ImageInfo, Layer
+from builder.errors import UserError
+
+ENGINE_NAMES = ("buildah", "docker")
+DEFAULT_ENGINE = "buildah"
+
+
+def get_engine(name: str = DEFAULT_ENGINE) -> Engine:
+    """The engine called `name`; buildah is the default (reproducible digests, no daemon to build)."""
+    if name == "buildah":
+        from builder.engine.buildah import BuildahEngine
+
+        return BuildahEngine()
+    if name == "docker":
+        from builder.engine.docker import DockerEngine
+
+        return DockerEngine()
+    raise UserError(f"unknown engine {name!r}: choose one of {', '.join(ENGINE_NAMES)}")
+
+
+__all__ = [
+    "BuildRequest", "BuildResult", "DEFAULT_ENGINE", "ENGINE_NAMES", "Engine", "ImageInfo", "Layer",
+    "get_engine",
+]

@@ -1,0 +1,163 @@
+"""The small interface every container engine backend implements, and the values it passes around.
+
+"The digest" of an image, everywhere in this project, is its image ID: the sha256 of its config JSON.
+The config lists every layer's uncompressed digest (rootfs.diff_ids), the history, labels and created
+time, so equal image IDs mean equal images. It is also the one digest that is the same in buildah's
+storage, in the Docker daemon and in a registry (where it is the manifest's config digest); a manifest
+digest, by contrast, changes with layer compression and manifest format, so it is recorded only where
+it is meaningful (after a push, by the registry module).
+"""
+
+from __future__ import annotations
+
+import re
+import types
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from builder.errors import UserError
+
+# Each line the engine prints during a build; the caller decides how to show it (terminal or CI).
+ProgressCallback = Callable[[str], None]
+
+_ADD_HOST = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?:[0-9A-Fa-f.:]+$")
+_SECRET_ID = re.compile(r"^[A-Za-z0-9_.-]+$")
+
+
+def _frozen_mapping(values: Mapping[str, object]) -> Mapping[str, object]:
+    """A read-only copy in sorted key order, so argument lists built from it are stable."""
+    return types.MappingProxyType({key: values[key] for key in sorted(values)})
+
+
+@dataclass(frozen=True)
+class BuildRequest:
+    """Everything an engine needs to build one image; nothing else influences the result."""
+
+    context_dir: Path
+    dockerfile: Path
+    tags: tuple[str, ...]
+    source_date_epoch: int
+    build_args: Mapping[str, str] = field(default_factory=dict)
+    # "name:ip" pairs added to /etc/hosts of RUN steps only (never stored in a layer).
+    add_hosts: tuple[str, ...] = ()
+    # secret id -> host file, mounted by `RUN --mount=type=secret,id=ID` at /run/secrets/ID.
+    secrets: Mapping[str, Path] = field(default_factory=dict)
+    # Network for RUN steps: None (engine default), "host", "none", ...
+    network: str | None = None
+    labels: Mapping[str, str] = field(default_factory=dict)
+    no_cache: bool = False
+    target: str | None = None
+    progress: ProgressCallback | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "context_dir", Path(self.context_dir))
+        object.__setattr__(self, "dockerfile", Path(self.dockerfile))
+        object.__setattr__(self, "tags", tuple(self.tags))
+        object.__setattr__(self, "add_hosts", tuple(self.add_hosts))
+        object.__setattr__(self, "build_args", _frozen_mapping(self.build_args))
+        object.__setattr__(self, "labels", _frozen_mapping(self.labels))
+        object.__setattr__(
+            self, "secrets", _frozen_mapping({k: Path(v) for k, v in self.secrets.items()})
+        )
+        if not self.tags:
+            raise UserError("build request has no tag: give at least one image tag")
+        if isinstance(self.source_date_epoch, bool) or not isinstance(self.source_date_epoch, int):
+            raise UserError(
+                f"SOURCE_DATE_EPOCH must be an integer, got {self.source_date_epoch!r}"
+            )
+        if self.source_date_epoch < 0:
+            raise UserError(f"SOURCE_DATE_EPOCH must not be negative, got {self.source_date_epoch}")
+        for host in self.add_hosts:
+            if not _ADD_HOST.match(host):
+                raise UserError(f"bad host entry {host!r}: expected NAME:IP, e.g. index.example:10.0.0.1")
+        for secret_id in self.secrets:
+            if not _SECRET_ID.match(secret_id):
+                raise UserError(f"bad secret id {secret_id!r}: use letters, digits, '.', '_' or '-'")
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One filesystem layer: its uncompressed digest, its size in bytes, and the step that made it."""
+
+    diff_id: str
+    size: int | None
+    created_by: str
+
+
+@dataclass(frozen=True)
+class ImageInfo:
+    """What the builder reads back from an engine about a local image."""
+
+    image_id: str  # "sha256:<hex>" of the config: the digest (see the module doc)
+    tags: tuple[str, ...]
+    created: str
+    labels: Mapping[str, str]
+    layers: tuple[Layer, ...]
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    image_id: str
+    tags: tuple[str, ...]
+    engine: str
+    layers: tuple[Layer, ...]
+    duration_s: float
+
+
+class Engine(Protocol):
+    """A container engine backend. Refs are tags ("name:tag") or image IDs ("sha256:...")."""
+
+    name: str
+    # True when equal inputs give an equal image ID on every clean build (see docs/engines.md).
+    reproducible: bool
+
+    def check(self) -> None:
+        """Raise UserError (one line, saying how to fix it) when the engine cannot be used."""
+
+    def build(self, request: BuildRequest) -> BuildResult:
+        """Build, then tag with every request tag, in the engine and in the local Docker daemon.
+
+        On failure or Ctrl-C no request tag is left pointing at a new image.
+        """
+
+    def inspect(self, ref: str) -> ImageInfo: ...
+
+    def image_digest(self, ref: str) -> str: ...
+
+    def exists(self, ref: str) -> bool: ...
+
+    def tag(self, ref: str, new_tag: str) -> None: ...
+
+    def remove(self, ref: str) -> None: ...
+
+    def load(self, archive: Path) -> str:
+        """Load a docker-archive tarball (as `docker save` writes); return the image ID."""
+
+    def save(self, ref: str, archive: Path) -> None:
+        """Write the image as a docker-archive tarball with uncompressed layers."""
+
+
+def check_request_inputs(request: BuildRequest) -> None:
+    """Fail with one line before an engine starts on a request whose files are missing."""
+    if not request.context_dir.is_dir():
+        raise UserError(f"build context {request.context_dir} is not a directory")
+    if not request.dockerfile.is_file():
+        raise UserError(f"Dockerfile {request.dockerfile} not found")
+    for secret_id, path in request.secrets.items():
+        if not path.is_file():
+            raise UserError(f"secret {secret_id}: file {path} not found")
+
+
+def layers_from_history(
+    diff_ids: list[str], history: list[Mapping[str, object]], sizes: list[int | None]
+) -> tuple[Layer, ...]:
+    """Pair each layer with the history entry that made it (entries marked empty_layer made none)."""
+    steps = [str(h.get("created_by", "")) for h in history if not h.get("empty_layer")]
+    if len(steps) != len(diff_ids):
+        # History is optional in the image spec; without a match, steps stay unknown.
+        steps = [""] * len(diff_ids)
+    return tuple(
+        Layer(diff_id=d, size=s, created_by=step) for d, s, step in zip(diff_ids, sizes, steps)
+    )

@@ -1,0 +1,253 @@
+"""buildah: the default engine. Daemonless, and `buildah build --timestamp` makes clean rebuilds
+bit-identical (same image ID), which the Docker 20.10 daemon's builders cannot.
+
+A build runs in buildah's storage, then the image is copied into the local Docker daemon
+(`buildah push ID docker-daemon:TAG`) so `docker run` works. That copy keeps the config blob
+byte-for-byte, so the image ID (the digest, see engine/base.py) is the same on both sides.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from builder.engine._process import run_quiet, run_streaming
+from builder.engine.base import (
+    BuildRequest,
+    BuildResult,
+    ImageInfo,
+    check_request_inputs,
+    layers_from_history,
+)
+from builder.engine.daemon import DockerDaemon, ImageNotFound
+from builder.errors import BuildFailure, UserError
+
+INSTALL_HINT = "install it with scripts/setup-host (or apt-get install buildah)"
+
+
+class BuildahEngine:
+    """buildah with its default storage, or a private one (storage_dir) for builds from an empty cache.
+
+    export_to_docker: copy built images into the Docker daemon (off for throwaway verify builds).
+    """
+
+    name = "buildah"
+    reproducible = True
+
+    def __init__(self, storage_dir: Path | None = None, export_to_docker: bool = True) -> None:
+        self.storage_dir = storage_dir
+        self.export_to_docker = export_to_docker
+        self.daemon = DockerDaemon()
+
+    # -- command lines -------------------------------------------------------------------------
+
+    def _global_args(self) -> list[str]:
+        if self.storage_dir is None:
+            return ["buildah"]
+        return [
+            "buildah",
+            "--root", str(self.storage_dir / "root"),
+            "--runroot", str(self.storage_dir / "run"),
+            "--storage-driver", "overlay",
+        ]
+
+    def build_command(self, request: BuildRequest, iidfile: Path) -> list[str]:
+        argv = self._global_args() + [
+            "build",
+            "--file", str(request.dockerfile),
+            "--iidfile", str(iidfile),
+            # Same inputs -> same image ID: fixed created times for the config, history and files.
+            "--timestamp", str(request.source_date_epoch),
+            # The buildah version label would tie the digest to the tool's version.
+            "--identity-label=false",
+            "--format", "oci",
+            "--layers",
+            # Base images are local (no registry here): never try to pull one.
+            "--pull=never",
+            "--force-rm",
+        ]
+        if request.no_cache:
+            argv.append("--no-cache")
+        if request.target:
+            argv += ["--target", request.target]
+        if request.network:
+            argv += ["--network", request.network]
+        for name, value in request.build_args.items():
+            argv += ["--build-arg", f"{name}={value}"]
+        argv += ["--build-arg", f"SOURCE_DATE_EPOCH={request.source_date_epoch}"]
+        for name, value in request.labels.items():
+            argv += ["--label", f"{name}={value}"]
+        for host in request.add_hosts:
+            argv += ["--add-host", host]
+        for secret_id, path in request.secrets.items():
+            argv += ["--secret", f"id={secret_id},src={path}"]
+        argv.append(str(request.context_dir))
+        return argv
+
+    # -- Engine interface ----------------------------------------------------------------------
+
+    def check(self) -> None:
+        if shutil.which("buildah") is None:
+            raise UserError(f"buildah not found: {INSTALL_HINT}")
+        if self.export_to_docker:
+            self.daemon.check()
+
+    def build(self, request: BuildRequest) -> BuildResult:
+        self.check()
+        check_request_inputs(request)
+        started = time.monotonic()
+        with tempfile.TemporaryDirectory(prefix="builder-iid-") as scratch:
+            iidfile = Path(scratch) / "iid"
+            run_streaming(
+                self.build_command(request, iidfile),
+                what=f"buildah build of {request.tags[0]}",
+                on_line=request.progress,
+            )
+            image_id = _normalise_id(iidfile.read_text().strip())
+        self._apply_tags(image_id, request.tags)
+        info = self.inspect(image_id)
+        return BuildResult(
+            image_id=image_id,
+            tags=request.tags,
+            engine=self.name,
+            layers=info.layers,
+            duration_s=round(time.monotonic() - started, 1),
+        )
+
+    def _apply_tags(self, image_id: str, tags: tuple[str, ...]) -> None:
+        """Tag in buildah's storage and copy into the daemon; on any failure or Ctrl-C, put every
+        tag back where it was, so no tag points at an image that was not fully delivered."""
+        previous = {tag: self._image_id_or_none(tag) for tag in tags}
+        previous_daemon = (
+            {tag: self.daemon.image_id(tag) for tag in tags} if self.export_to_docker else {}
+        )
+        try:
+            run_quiet(self._global_args() + ["tag", image_id, *tags], "buildah tag")
+            if self.export_to_docker:
+                self._push_to_daemon(image_id, tags[0])
+                for tag in tags[1:]:
+                    self.daemon.tag(image_id, tag)
+        except BaseException:
+            self._restore_tags(previous, previous_daemon)
+            raise
+
+    def _restore_tags(self, previous: dict, previous_daemon: dict) -> None:
+        for tag, old_id in previous.items():
+            if old_id is None:
+                self._untag(tag)
+            else:
+                run_quiet(self._global_args() + ["tag", old_id, tag], "buildah tag")
+        for tag, old_id in previous_daemon.items():
+            if old_id is None:
+                self.daemon.remove(tag)
+            else:
+                self.daemon.tag(old_id, tag)
+
+    def _push_to_daemon(self, image_id: str, tag: str) -> None:
+        run_quiet(
+            self._global_args() + ["push", "--quiet", image_id, f"docker-daemon:{tag}"],
+            f"copying {tag} into the Docker daemon",
+        )
+        copied = self.daemon.image_id(tag)
+        if copied != image_id:
+            raise BuildFailure(
+                f"the Docker daemon holds {tag} as {copied}, buildah built {image_id}: "
+                "the copy changed the image config"
+            )
+
+    def _image_id_or_none(self, ref: str) -> str | None:
+        return self.inspect(ref).image_id if self.exists(ref) else None
+
+    def _untag(self, tag: str) -> None:
+        # `buildah rmi NAME` on an image with other names removes only that name.
+        run_quiet(self._global_args() + ["rmi", tag], f"removing tag {tag}")
+
+    def exists(self, ref: str) -> bool:
+        return _exit_ok(self._global_args() + ["inspect", "--type", "image", ref])
+
+    def inspect(self, ref: str) -> ImageInfo:
+        if shutil.which("buildah") is None:
+            raise UserError(f"buildah not found: {INSTALL_HINT}")
+        if not self.exists(ref):
+            raise ImageNotFound(f"image {ref} not found in buildah's storage")
+        raw = json.loads(
+            run_quiet(self._global_args() + ["inspect", "--type", "image", ref], f"inspect {ref}")
+        )
+        config = json.loads(raw["Config"])
+        manifest = json.loads(raw["Manifest"])
+        diff_ids = config.get("rootfs", {}).get("diff_ids", [])
+        sizes = [layer.get("size") for layer in manifest.get("layers", [])]
+        if len(sizes) != len(diff_ids):
+            sizes = [None] * len(diff_ids)
+        return ImageInfo(
+            image_id=_normalise_id(raw["FromImageID"]),
+            tags=self._names(ref),
+            created=config.get("created", ""),
+            labels=dict(sorted((config.get("config", {}).get("Labels") or {}).items())),
+            layers=layers_from_history(diff_ids, config.get("history", []), sizes),
+        )
+
+    def _names(self, ref: str) -> tuple[str, ...]:
+        listing = json.loads(
+            run_quiet(self._global_args() + ["images", "--json", ref], f"buildah images {ref}")
+        )
+        return tuple(sorted(name for image in listing for name in image.get("names") or ()))
+
+    def image_digest(self, ref: str) -> str:
+        return self.inspect(ref).image_id
+
+    def tag(self, ref: str, new_tag: str) -> None:
+        run_quiet(self._global_args() + ["tag", ref, new_tag], f"buildah tag {ref} {new_tag}")
+        if self.export_to_docker:
+            image_id = self.image_digest(ref)
+            if self.daemon.image_id(image_id) is None:
+                self._push_to_daemon(image_id, new_tag)
+            else:
+                self.daemon.tag(image_id, new_tag)
+
+    def remove(self, ref: str) -> None:
+        if self.exists(ref):
+            run_quiet(self._global_args() + ["rmi", ref], f"buildah rmi {ref}")
+        if self.export_to_docker:
+            self.daemon.remove(ref)
+
+    def load(self, archive: Path) -> str:
+        self.check()
+        output = run_quiet(
+            self._global_args() + ["pull", "--quiet", f"docker-archive:{archive}"],
+            f"loading {archive} into buildah",
+        )
+        return _normalise_id(output.strip().splitlines()[-1])
+
+    def save(self, ref: str, archive: Path) -> None:
+        partial = archive.with_name(archive.name + ".partial")
+        partial.unlink(missing_ok=True)
+        try:
+            run_quiet(
+                self._global_args() + ["push", "--quiet", ref, f"docker-archive:{partial}"],
+                f"saving {ref}",
+            )
+            partial.replace(archive)
+        finally:
+            partial.unlink(missing_ok=True)
+
+    def reset_storage(self) -> None:
+        """Empty a private storage (containers, images, cache): the next build starts cold."""
+        if self.storage_dir is None:
+            raise UserError("refusing to empty buildah's shared storage: use a private storage_dir")
+        run_quiet(self._global_args() + ["rm", "--all"], "buildah rm --all")
+        run_quiet(self._global_args() + ["rmi", "--all", "--force"], "buildah rmi --all")
+
+
+def _normalise_id(image_id: str) -> str:
+    return image_id if image_id.startswith("sha256:") else f"sha256:{image_id}"
+
+
+def _exit_ok(argv: list[str]) -> bool:
+    return (
+        subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode == 0
+    )

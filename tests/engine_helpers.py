@@ -1,0 +1,45 @@
+"""Shared pieces of the engine, base and verify tests: a real base image, built once per session."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from builder.base import BaseSpec, make_base
+from builder.engine.buildah import BuildahEngine
+
+EPOCH = 1735689600  # 2025-01-01: a fixed date, never the wall clock
+TEST_BASE_TAG = "localhost/builder-base-test:bookworm"
+
+
+@pytest.fixture(scope="session")
+def base_image(tmp_path_factory):
+    """The real mmdebstrap base, loaded into buildah's storage and the Docker daemon."""
+    output = tmp_path_factory.mktemp("base")
+    engine = BuildahEngine()
+    result = make_base(BaseSpec(source_date_epoch=EPOCH, tag=TEST_BASE_TAG), output, engine=engine)
+    engine.daemon.load(result.archive)
+    return result
+
+
+def write_context(directory: Path, dockerfile: str, files: dict[str, str] | None = None) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "Dockerfile").write_text(dockerfile)
+    for name, text in (files or {}).items():
+        (directory / name).write_text(text)
+    return directory
+
+
+def tar_bytes(entries: dict[str, bytes], mtime: int = EPOCH) -> bytes:
+    """A tar (in name order) holding regular files: a tiny, real layer."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as archive:
+        for name in sorted(entries):
+            info = tarfile.TarInfo(name)
+            info.size = len(entries[name])
+            info.mtime = mtime
+            archive.addfile(info, io.BytesIO(entries[name]))
+    return buffer.getvalue()
