@@ -9,7 +9,7 @@
   progress or `start_s` in total, naming where it stuck.
 - A Traceback before ready fails at once (after a moment to collect the rest of
   it); so does an exit before ready.
-- SIGTERM and SIGINT are forwarded to the group; after `stop_s` the group is
+- SIGTERM, SIGINT and SIGHUP are forwarded to the group; after `stop_s` the group is
   killed. Every child is reaped with waitpid(-1), which also reaps orphans
   re-parented to us when we run as PID 1 in a container.
 
@@ -44,7 +44,7 @@ from builder.runtime.serve_errors import (
 from builder.runtime.serve_progress import StartupProgress, parse_gen_throughput
 
 TAIL_LINES = 40
-FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # HUP: a closed terminal
 LINE_BREAK = re.compile(rb"\r\n|\r|\n")  # tqdm redraws with \r: each redraw is a line
 _EOF = object()
 
