@@ -246,8 +246,8 @@ def cmd_serve(args: argparse.Namespace, extra: tuple[str, ...]) -> int:
     return supervised(plan, args, report, limits)
 
 
-def cmd_bench(args: argparse.Namespace, extra: tuple[str, ...]) -> int:
-    stack = load_stack()
+def bench_plan(args: argparse.Namespace, stack: dict) -> bench.BenchPlan:
+    """The stack's bench settings and pinned figure, overridden by the options given."""
     profile = serve_launch.mode_profile(stack, args.mode)
     settings = stack["bench"]
     workload = bench.Workload(
@@ -258,49 +258,31 @@ def cmd_bench(args: argparse.Namespace, extra: tuple[str, ...]) -> int:
     )
     if workload.output_len < 2:
         raise UsageError("--output-len must be at least 2 to measure a decode rate")
-    reference = args.reference if args.reference is not None else profile.get("reference_tok_s")
     tolerance = args.tolerance
     if tolerance is None:
         tolerance = settings.get("regression_tolerance", DEFAULT_TOLERANCE)
     if not 0 <= tolerance < 1:
         raise UsageError(f"--tolerance {tolerance} is not a fraction between 0 and 1")
     cache_dir = args.cache_dir or stack["serve"].get("cache_dir") or "/cache"
-    output = args.output or os.path.join(cache_dir, "bench", f"{stack['stack']}-{args.mode}.json")
+    return bench.BenchPlan(
+        stack=stack,
+        mode=args.mode,
+        workload=workload,
+        reference=args.reference if args.reference is not None else profile.get("reference_tok_s"),
+        tolerance=tolerance,
+        output=args.output or os.path.join(cache_dir, "bench", f"{stack['stack']}-{args.mode}.json"),
+    )
 
-    def job_for(url, api_key, gpus, supervisor=None):
-        def job() -> int:
-            mark = {}  # where the server's decode log lines of the measured requests begin
 
-            def measuring() -> None:
-                mark["first"] = len(supervisor.gen_throughputs) if supervisor else 0
-
-            results = bench.run_workload(url, workload, api_key, say, on_measure=measuring)
-            gen = supervisor.gen_throughputs[mark["first"] :] if supervisor else None
-            report = bench.build_report(
-                stack=stack,
-                mode=args.mode,
-                url=url,
-                workload=workload,
-                results=results,
-                reference=reference,
-                tolerance=tolerance,
-                model=bench.model_path(url, api_key),
-                gpus=gpus,
-                server_gen_tok_s=gen,
-            )
-            os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
-            bench.write_report(report, output)
-            say(bench.summary_line(report))
-            say(f"report: {output}")
-            return bench.exit_code(report)
-
-        return job
-
+def cmd_bench(args: argparse.Namespace, extra: tuple[str, ...]) -> int:
+    stack = load_stack()
+    measure = bench_plan(args, stack)
     if args.url:
         if args.model or args.draft_model or extra:
             raise UsageError("--url benchmarks a running server: drop --model, --draft-model and -- arguments")
+        # No Supervisor here to catch stop signals, and PID 1 ignores those it has no handler for.
         signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(EXIT_SIGNAL_BASE + signum))
-        return job_for(args.url, args.api_key, ())()
+        return bench.benchmark(measure, args.url, args.api_key, say)
     if not args.model:
         raise UsageError("bench needs --model PATH to launch a server, or --url URL to attach to one")
 
@@ -309,7 +291,13 @@ def cmd_bench(args: argparse.Namespace, extra: tuple[str, ...]) -> int:
     announce_env(plan)
     report = run_preflight(plan)
     url = server_url(plan.host, plan.port)
-    return supervised(plan, args, report, limits, lambda sup: job_for(url, plan.api_key, report.gpu_names, sup))
+
+    def job_for(supervisor: Supervisor):
+        return lambda: bench.benchmark(
+            measure, url, plan.api_key, say, report.gpu_names, supervisor.gen_throughputs
+        )
+
+    return supervised(plan, args, report, limits, job_for)
 
 
 def exec_smoke(arguments: list[str]) -> int:
