@@ -149,7 +149,7 @@ def test_bad_server_arguments_surface_as_an_early_exit(tmp_path):
     assert "server exited with status 2 before it was ready" in result.stderr
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
 def test_stop_signal_during_load_is_forwarded_and_the_group_cleaned(tmp_path, signum):
     env = harness.standin_env(record=record_path(tmp_path), shards=100, shard_s=0.2, workers=3)
     running = harness.Running(["serve", *harness.launch_args(tmp_path, harness.free_port())], env)

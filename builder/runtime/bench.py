@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import random
 import statistics
 import time
@@ -45,6 +46,18 @@ class Workload:
     repetitions: int
     seed: int = 0
     timeout_s: float = 600.0
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchPlan:
+    """What to measure, what to compare it with, where the report goes."""
+
+    stack: dict
+    mode: str
+    workload: Workload
+    reference: float | None
+    tolerance: float
+    output: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -272,6 +285,44 @@ def exit_code(report: dict) -> int:
 
 
 def write_report(report: dict, path: str) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w", encoding="utf-8") as handle:
         json.dump(report, handle, indent=2, sort_keys=True)
         handle.write("\n")
+
+
+def benchmark(
+    plan: BenchPlan,
+    url: str,
+    api_key: str | None,
+    say,
+    gpus: tuple[str, ...] = (),
+    server_log: list[float] | None = None,
+) -> int:
+    """Measure, compare, write the report; 1 on a regression.
+
+    `server_log` is the launched server's decode figures as they arrive; the
+    ones logged from the first measured request on go into the report.
+    """
+    first = {"index": 0}
+
+    def measuring() -> None:
+        first["index"] = len(server_log) if server_log is not None else 0
+
+    results = run_workload(url, plan.workload, api_key, say, on_measure=measuring)
+    report = build_report(
+        stack=plan.stack,
+        mode=plan.mode,
+        url=url,
+        workload=plan.workload,
+        results=results,
+        reference=plan.reference,
+        tolerance=plan.tolerance,
+        model=model_path(url, api_key),
+        gpus=gpus,
+        server_gen_tok_s=server_log[first["index"] :] if server_log is not None else None,
+    )
+    write_report(report, plan.output)
+    say(summary_line(report))
+    say(f"report: {plan.output}")
+    return exit_code(report)

@@ -38,7 +38,7 @@ from builder.runtime.serve_errors import (
     StartupStalled,
     UsageError,
 )
-from builder.runtime.supervise import Supervisor, Timeouts, health_url
+from builder.runtime.supervise import Supervisor, Timeouts, health_url, server_url
 
 PROG = "entrypoint"
 SMOKE_PROGRAM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "smoke.py")
@@ -59,9 +59,9 @@ def env_float(name: str, default: float) -> float:
     if value is None:
         return default
     try:
-        return float(value)
-    except ValueError:
-        raise UsageError(f"{name}={value!r} is not a number of seconds") from None
+        return seconds(value)
+    except (ValueError, argparse.ArgumentTypeError):
+        raise UsageError(f"{name}={value!r} is not a positive number of seconds") from None
 
 
 def positive_int(text: str) -> int:
@@ -75,6 +75,13 @@ def non_negative_int(text: str) -> int:
     value = int(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"{text} is negative")
+    return value
+
+
+def seconds(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text} is not a positive number of seconds")
     return value
 
 
@@ -99,11 +106,11 @@ def add_launch_options(parser: argparse.ArgumentParser, model_required: bool) ->
     parser.add_argument("--cache-dir", help="JIT cache directory (stack default: /cache)")
     parser.add_argument("--log-file", help="server log (default: CACHE_DIR/logs/sglang-portP-nodeR.log)")
     parser.add_argument(
-        "--stall-timeout", type=float, help="seconds without progress before giving up (default 300)"
+        "--stall-timeout", type=seconds, help="seconds without progress before giving up (default 300)"
     )
-    parser.add_argument("--start-timeout", type=float, help="total cap on starting (default 3600)")
+    parser.add_argument("--start-timeout", type=seconds, help="total cap on starting (default 3600)")
     parser.add_argument(
-        "--stop-timeout", type=float, help="seconds between forwarding a stop signal and SIGKILL (default 30)"
+        "--stop-timeout", type=seconds, help="seconds between forwarding a stop signal and SIGKILL (default 30)"
     )
 
 
@@ -239,8 +246,8 @@ def cmd_serve(args: argparse.Namespace, extra: tuple[str, ...]) -> int:
     return supervised(plan, args, report, limits)
 
 
-def cmd_bench(args: argparse.Namespace, extra: tuple[str, ...]) -> int:
-    stack = load_stack()
+def bench_plan(args: argparse.Namespace, stack: dict) -> bench.BenchPlan:
+    """The stack's bench settings and pinned figure, overridden by the options given."""
     profile = serve_launch.mode_profile(stack, args.mode)
     settings = stack["bench"]
     workload = bench.Workload(
@@ -251,49 +258,31 @@ def cmd_bench(args: argparse.Namespace, extra: tuple[str, ...]) -> int:
     )
     if workload.output_len < 2:
         raise UsageError("--output-len must be at least 2 to measure a decode rate")
-    reference = args.reference if args.reference is not None else profile.get("reference_tok_s")
     tolerance = args.tolerance
     if tolerance is None:
         tolerance = settings.get("regression_tolerance", DEFAULT_TOLERANCE)
     if not 0 <= tolerance < 1:
         raise UsageError(f"--tolerance {tolerance} is not a fraction between 0 and 1")
     cache_dir = args.cache_dir or stack["serve"].get("cache_dir") or "/cache"
-    output = args.output or os.path.join(cache_dir, "bench", f"{stack['stack']}-{args.mode}.json")
+    return bench.BenchPlan(
+        stack=stack,
+        mode=args.mode,
+        workload=workload,
+        reference=args.reference if args.reference is not None else profile.get("reference_tok_s"),
+        tolerance=tolerance,
+        output=args.output or os.path.join(cache_dir, "bench", f"{stack['stack']}-{args.mode}.json"),
+    )
 
-    def job_for(url, api_key, gpus, supervisor=None):
-        def job() -> int:
-            mark = {}  # where the server's decode log lines of the measured requests begin
 
-            def measuring() -> None:
-                mark["first"] = len(supervisor.gen_throughputs) if supervisor else 0
-
-            results = bench.run_workload(url, workload, api_key, say, on_measure=measuring)
-            gen = supervisor.gen_throughputs[mark["first"] :] if supervisor else None
-            report = bench.build_report(
-                stack=stack,
-                mode=args.mode,
-                url=url,
-                workload=workload,
-                results=results,
-                reference=reference,
-                tolerance=tolerance,
-                model=bench.model_path(url, api_key),
-                gpus=gpus,
-                server_gen_tok_s=gen,
-            )
-            os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
-            bench.write_report(report, output)
-            say(bench.summary_line(report))
-            say(f"report: {output}")
-            return bench.exit_code(report)
-
-        return job
-
+def cmd_bench(args: argparse.Namespace, extra: tuple[str, ...]) -> int:
+    stack = load_stack()
+    measure = bench_plan(args, stack)
     if args.url:
         if args.model or args.draft_model or extra:
             raise UsageError("--url benchmarks a running server: drop --model, --draft-model and -- arguments")
+        # No Supervisor here to catch stop signals, and PID 1 ignores those it has no handler for.
         signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(EXIT_SIGNAL_BASE + signum))
-        return job_for(args.url, args.api_key, ())()
+        return bench.benchmark(measure, args.url, args.api_key, say)
     if not args.model:
         raise UsageError("bench needs --model PATH to launch a server, or --url URL to attach to one")
 
@@ -301,10 +290,14 @@ def cmd_bench(args: argparse.Namespace, extra: tuple[str, ...]) -> int:
     limits = timeouts(args)
     announce_env(plan)
     report = run_preflight(plan)
-    base_url = health_url(plan.host, plan.port).rsplit("/health", 1)[0]
-    return supervised(
-        plan, args, report, limits, lambda sup: job_for(base_url, plan.api_key, report.gpu_names, sup)
-    )
+    url = server_url(plan.host, plan.port)
+
+    def job_for(supervisor: Supervisor):
+        return lambda: bench.benchmark(
+            measure, url, plan.api_key, say, report.gpu_names, supervisor.gen_throughputs
+        )
+
+    return supervised(plan, args, report, limits, job_for)
 
 
 def exec_smoke(arguments: list[str]) -> int:

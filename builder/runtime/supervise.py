@@ -9,7 +9,7 @@
   progress or `start_s` in total, naming where it stuck.
 - A Traceback before ready fails at once (after a moment to collect the rest of
   it); so does an exit before ready.
-- SIGTERM and SIGINT are forwarded to the group; after `stop_s` the group is
+- SIGTERM, SIGINT and SIGHUP are forwarded to the group; after `stop_s` the group is
   killed. Every child is reaped with waitpid(-1), which also reaps orphans
   re-parented to us when we run as PID 1 in a container.
 
@@ -36,6 +36,7 @@ from typing import Callable
 from builder.runtime.serve_errors import (
     EXIT_OK,
     EXIT_SIGNAL_BASE,
+    PreflightError,
     ServerDied,
     StartupFailed,
     StartupStalled,
@@ -43,7 +44,7 @@ from builder.runtime.serve_errors import (
 from builder.runtime.serve_progress import StartupProgress, parse_gen_throughput
 
 TAIL_LINES = 40
-FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # HUP: a closed terminal
 LINE_BREAK = re.compile(rb"\r\n|\r|\n")  # tqdm redraws with \r: each redraw is a line
 _EOF = object()
 
@@ -65,12 +66,16 @@ class _Stopped(Exception):
         self.signum = signum
 
 
-def health_url(host: str, port: int) -> str:
-    """The URL to probe: a wildcard listen address is reached over loopback."""
+def server_url(host: str, port: int) -> str:
+    """Where to reach the server from here: a wildcard listen address over loopback."""
     connect = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
     if ":" in connect:
         connect = f"[{connect}]"
-    return f"http://{connect}:{port}/health"
+    return f"http://{connect}:{port}"
+
+
+def health_url(host: str, port: int) -> str:
+    return server_url(host, port) + "/health"
 
 
 def probe_health(url: str, timeout_s: float) -> bool:
@@ -202,10 +207,13 @@ class Supervisor:
     # ---- start and wait ----------------------------------------------------------------
 
     def _start(self, display: list[str]) -> None:
-        os.makedirs(os.path.dirname(self.log_path) or ".", exist_ok=True)
-        if os.path.exists(self.log_path):  # keep the previous run's log: it may hold the last crash
-            os.replace(self.log_path, self.log_path + ".1")
-        self._log_file = open(self.log_path, "w", encoding="utf-8")
+        try:
+            os.makedirs(os.path.dirname(self.log_path) or ".", exist_ok=True)
+            if os.path.exists(self.log_path):  # keep the previous run's log: it may hold the last crash
+                os.replace(self.log_path, self.log_path + ".1")
+            self._log_file = open(self.log_path, "w", encoding="utf-8")
+        except OSError as error:
+            raise PreflightError(f"cannot write the server log {self.log_path}: {error.strerror}") from None
         self._log_file.write("# entrypoint: " + " ".join(display) + "\n")
         self._log_file.flush()
         self.say("starting: " + " ".join(display))
