@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from builder import hostnet, lock, render, smoke, tags
+from builder import hostnet, lock, render, sbom, smoke, tags
 from builder.engine import get_engine
 from builder.engine.base import BuildRequest, BuildResult, Engine
 from builder.errors import BuildFailure, UserError
@@ -93,8 +93,7 @@ def write_report(stack: Stack, result: BuildResult, smoke_report: dict, duration
     return path
 
 
-def build_stack(stack: Stack, engine: Engine, progress: Progress, no_cache: bool = False,
-                run_smoke: bool = True) -> BuildOutcome:
+def build_stack(stack: Stack, engine: Engine, progress: Progress, no_cache: bool = False) -> BuildOutcome:
     render.require_locked(stack)
     inputs = tags.inputs_hash(stack)
     candidate = tags.candidate_tag(stack, inputs)
@@ -104,19 +103,16 @@ def build_stack(stack: Stack, engine: Engine, progress: Progress, no_cache: bool
     result = engine.build(build_request(stack, candidate, no_cache, progress))
     durations = {"build": round(result.duration_s, 1)}
     try:
-        if run_smoke:
-            progress.stage(f"{stack.name}: smoke checks in {candidate}")
-            smoke_started = time.monotonic()
-            report = smoke.run_in_image(candidate)
-            durations["smoke"] = round(time.monotonic() - smoke_started, 1)
-            smoke_result = report.to_dict()
-            progress.block(report.table())
-        else:
-            smoke_result = {"passed": True, "skipped": "--no-smoke"}
+        progress.stage(f"{stack.name}: smoke checks in {candidate}")
+        smoke_started = time.monotonic()
+        report = smoke.run_in_image(candidate)
+        durations["smoke"] = round(time.monotonic() - smoke_started, 1)
+        smoke_result = report.to_dict()
+        progress.block(report.table())
         durations["total"] = round(time.monotonic() - started, 1)
         report_path = write_report(stack, result, smoke_result, durations, immutable, moving)
         if not smoke_result["passed"]:
-            lock.record_smoke(stack.name, passed=False, report=smoke_result)
+            lock.record_smoke(stack.name, passed=False, report=smoke_result, image_id=result.image_id)
             raise BuildFailure(f"{stack.name}: smoke checks failed; {immutable} not tagged (report: {report_path})")
         engine.tag(candidate, immutable)
         engine.tag(candidate, moving)
@@ -124,20 +120,20 @@ def build_stack(stack: Stack, engine: Engine, progress: Progress, no_cache: bool
         engine.remove(candidate)
     lock.record_build(stack, image_id=result.image_id, tags=[immutable, moving],
                       report_path=str(report_path.relative_to(render.REPO_ROOT)))
-    if run_smoke:
-        lock.record_smoke(stack.name, passed=True, report=smoke_result)
+    lock.record_smoke(stack.name, passed=True, report=smoke_result, image_id=result.image_id)
+    sbom_path = sbom.write_image_sbom(stack.name, report_path)
+    progress.stage(f"{stack.name}: SBOM {sbom_path.relative_to(render.REPO_ROOT)}")
     progress.stage(f"{stack.name}: {immutable} = {result.image_id} ({durations['total']} s)")
     return BuildOutcome(stack.name, result.image_id, immutable, moving, report_path)
 
 
-def build_all(stacks: tuple[Stack, ...], engine_name: str, no_cache: bool = False,
-              run_smoke: bool = True) -> list[BuildOutcome]:
+def build_all(stacks: tuple[Stack, ...], engine_name: str, no_cache: bool = False) -> list[BuildOutcome]:
     if not stacks:
         raise UserError("no stack selected")
     engine = get_engine(engine_name)
     engine.check()
     progress = Progress.for_environment()
-    return [build_stack(stack, engine, progress, no_cache, run_smoke) for stack in stacks]
+    return [build_stack(stack, engine, progress, no_cache) for stack in stacks]
 
 
 def default_engine() -> str:

@@ -264,9 +264,11 @@ def check_current(stack: Stack, path: Path | None = None) -> dict:
 def requirements_for(stack: Stack | str, path: Path | None = None) -> dict[str, str] | None:
     """{group: requirements.txt text with --hash lines} for pip --require-hashes --no-deps, or None
     when the stack was never locked. Given a Stack (not just a name), a stale entry is refused."""
-    found = check_current(stack, path) if isinstance(stack, Stack) else entry(stack, path)
+    found = entry(stack, path)
     if found is None:
         return None
+    if isinstance(stack, Stack):
+        found = check_current(stack, path)
     texts = {}
     for group in GROUP_ORDER:
         members = {name: item for name, item in sorted(found["distributions"].items()) if item["group"] == group}

@@ -216,6 +216,7 @@ class _Loader:
             packages=tuple(packages),
             overrides=overrides,
             patched=tuple(canonicalize_name(p) for p in data.get("patched", [])),
+            jit_device_code=dict(data.get("jit_device_code", {})),
             serve=Serve(serve["cache_dir"], dict(serve.get("env", {})), modes),
             bench=Bench(**data["bench"]),
             source_date_epoch=defaults["source_date_epoch"],

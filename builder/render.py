@@ -112,6 +112,7 @@ def stack_json(stack: Stack, patches: list[RenderedPatch]) -> dict:
             "num_prompts": stack.bench.num_prompts,
             "regression_tolerance": stack.bench.regression_tolerance,
         },
+        "jit_device_code": dict(stack.jit_device_code),
         "overrides": [
             {"package": o.package, "declared_by": o.declared_by, "declared": o.declared, "reason": o.reason}
             for o in stack.overrides
@@ -228,4 +229,4 @@ def lock_requirements(stack: Stack) -> dict[str, str] | None:
     """Requirements with hashes from matrix.lock, once `builder lock` has resolved the stack."""
     from builder import lock
 
-    return lock.requirements_for(stack.name)
+    return lock.requirements_for(stack)

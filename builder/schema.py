@@ -68,6 +68,7 @@ STACK_FIELDS = {
     "base_source": Field(str),
     "target_arch": Field(_STR_LIST, required=True),
     "patched": Field(_STR_LIST),
+    "jit_device_code": Field(AnyTable((str,))),
     "packages": Field(TableMap(PACKAGE), required=True),
     "overrides": Field(ListOf(Table({
         "package": Field(str, required=True),

@@ -115,6 +115,8 @@ class Stack:
     packages: tuple[Package, ...]
     overrides: tuple[Override, ...]
     patched: tuple[str, ...]  # distributions with a patch series
+    # Kernel families whose target-architecture code is compiled at first start, not shipped: name -> why.
+    jit_device_code: dict
     serve: Serve
     bench: Bench
     source_date_epoch: int

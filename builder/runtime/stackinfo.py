@@ -21,6 +21,8 @@ Schema (version 1), every key always present:
                     args use ServerArgs names (tp_size, attention_backend, ...); true means a bare flag
     bench           {"input_len", "output_len", "num_prompts", "regression_tolerance"}
     overrides       [{"package", "declared_by", "declared", "reason"}]
+    jit_device_code {kernel family: reason} for families ("flashinfer") whose code for the target
+                    is compiled on first start into the cache dir instead of shipping prebuilt
 """
 
 from __future__ import annotations
