@@ -1,0 +1,31 @@
+"""`builder verify`: build twice from an empty cache and compare digests."""
+
+from builder import cli_common, reproducibility
+from builder.errors import UserError
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "verify", help="build a stack (or any Dockerfile) twice from an empty cache and compare digests",
+        description="Build twice, each time in empty buildah storage holding only the base image, and "
+        "compare the image digests. On a mismatch, name the first differing layer (with the step that "
+        "made it) and the files that differ in it; exit 1.")
+    parser.add_argument("stack", nargs="?", help="stack row to verify")
+    cli_common.add_matrix_arguments(parser, stacks=False)
+    parser.add_argument("--dockerfile", help="verify this Dockerfile instead of a stack's")
+    parser.add_argument("--context", default=".", help="build context for --dockerfile (default: %(default)s)")
+    parser.add_argument("--base", action="append", default=[], metavar="IMAGE",
+                        help="base image(s) the --dockerfile builds FROM (default: the local base)")
+    parser.set_defaults(func=run)
+
+
+def run(args) -> int:
+    if bool(args.stack) == bool(args.dockerfile):
+        raise UserError("give a stack or --dockerfile, not both or neither")
+    if args.stack:
+        stack = cli_common.load(args).select([args.stack], args.local_base)[0]
+        comparison = reproducibility.verify_stack(stack)
+    else:
+        comparison = reproducibility.verify_dockerfile(args.dockerfile, args.context, args.base,
+                                                       cli_common.load(args))
+    return reproducibility.report(comparison)

@@ -1,0 +1,218 @@
+"""End to end on a real engine: the cu128 stack (every wheel from the default index) built on the local
+base, smoke-gated, tagged, reproducible, and its faults caught from inside real images.
+
+These build multi-gigabyte images: minutes each. They run in CI (`scripts/test`), in file order.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import docker
+import pytest
+
+from builder import render, smoke
+from builder.engine import get_engine
+from builder.engine.base import BuildRequest
+from builder.matrix import load_matrix
+
+pytestmark = [pytest.mark.engine, pytest.mark.network, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parent.parent
+MATRIX = load_matrix(REPO / "matrix.toml")
+STACK = MATRIX.stack("sglang-0.5.9-cu128-local")
+BUILDER = [sys.executable, "-m", "builder.cli"]
+
+
+def builder(*args: str, env: dict | None = None, timeout: int = 3600) -> subprocess.CompletedProcess:
+    return subprocess.run([*BUILDER, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+@pytest.fixture(scope="module")
+def lock_copy(tmp_path_factory):
+    """Builds record into a scratch copy of matrix.lock, never the committed one."""
+    path = tmp_path_factory.mktemp("lock") / "matrix.lock"
+    shutil.copy(REPO / "matrix.lock", path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def env(lock_copy):
+    import os
+
+    return {**os.environ, "BUILDER_LOCK": str(lock_copy), "CI": "true"}
+
+
+@pytest.fixture(scope="module")
+def local_base(env):
+    """The mmdebstrap base the stack builds FROM, made by `builder base` when missing."""
+    engine = get_engine("buildah")
+    if not engine.exists(STACK.base.image):
+        result = builder("base", env=env)
+        assert result.returncode == 0, result.stderr
+    return STACK.base.image
+
+
+@pytest.fixture(scope="module")
+def built(local_base, env):
+    result = builder("build", "--local-base", "--stack", "sglang-0.5.9-cu128", env=env)
+    assert result.returncode == 0, result.stderr[-4000:]
+    report = json.loads((REPO / "build-reports" / f"{STACK.name}.json").read_text())
+    return result, report
+
+
+def test_build_tags_only_after_smoke_passes(built, lock_copy):
+    result, report = built
+    assert report["smoke"]["passed"] is True
+    immutable, moving = report["tags"]
+    assert immutable.startswith("sglang:0.5.9-cu128-local-") and moving == "sglang:0.5.9-cu128-local"
+    client = docker.from_env()
+    image = client.images.get(immutable)
+    assert image.id == report["image_id"] == client.images.get(moving).id
+    assert not [t for t in image.tags if "candidate" in t]
+    entry = json.loads(lock_copy.read_text())["stacks"][STACK.name]
+    assert entry["status"] == "smoke-passed" and entry["image"]["id"] == report["image_id"]
+    assert (REPO / entry["image"]["sbom"]).is_file()
+
+
+def test_labels_record_pins_patches_and_time(built):
+    _, report = built
+    labels = docker.from_env().images.get(report["image_id"]).labels
+    assert labels["org.opencontainers.image.created"] == "2026-01-01T00:00:00Z"
+    assert json.loads(labels["dev.sglang-builder.pins"])["torch"] == "2.9.1"
+    patches = json.loads(labels["dev.sglang-builder.patches"])
+    assert [p["sha256"] for p in patches] == [p.sha256 for p in render.rendered_patches(STACK)]
+    assert labels["org.opencontainers.image.revision"]
+
+
+def test_report_has_each_layer_and_patch_layer_sizes(built):
+    _, report = built
+    assert len(report["patch_layers"]) == 4
+    assert all(layer["bytes"] > 0 for layer in report["patch_layers"])
+    steps = [layer["step"] for layer in report["layers"]]
+    torch_layer = next(i for i, s in enumerate(steps) if "10-torch.txt" in s and "pip" in s)
+    first_patch = next(i for i, s in enumerate(steps) if "apply_patch.py" in s and "--site-packages" in s)
+    tools = next(i for i, s in enumerate(steps) if "builder/runtime/" in s)
+    assert torch_layer < first_patch < tools
+
+
+def test_no_op_rebuild_reuses_every_layer(built, env):
+    _, report = built
+    again = builder("build", "--local-base", "--stack", "sglang-0.5.9-cu128", env=env)
+    assert again.returncode == 0, again.stderr[-4000:]
+    second = json.loads((REPO / "build-reports" / f"{STACK.name}.json").read_text())
+    assert second["image_id"] == report["image_id"]
+
+
+def _bench_in_image(image_id: str, tmp_path: Path, tok_s: str) -> tuple[int, str, dict]:
+    """`IMAGE bench`: the entrypoint launches the stand-in server (8 GPUs as its nvidia-smi reports),
+    waits for ready, benchmarks it and compares with the pinned figure."""
+    model, cache = tmp_path / "model", tmp_path / "cache"
+    model.mkdir()
+    cache.mkdir()
+    (model / "config.json").write_text("{}")
+    standin = REPO / "tests" / "standin_sglang"
+    container = docker.from_env().containers.run(
+        image_id,
+        ["bench", "--mode", "baseline", "--model", "/models/M", "--host", "127.0.0.1",
+         "--output", "/cache/bench.json", "--repetitions", "2", "--output-len", "32", "--reference", "89.5"],
+        environment={"PYTHONPATH": "/standin:/opt", "STANDIN_SHARDS": "4", "STANDIN_TOK_S": tok_s,
+                     "PATH": "/standin/bin:/opt/venv/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
+        volumes={str(standin): {"bind": "/standin", "mode": "ro"},
+                 str(model): {"bind": "/models/M", "mode": "ro"}, str(cache): {"bind": "/cache", "mode": "rw"}},
+        detach=True,
+    )
+    try:
+        status = container.wait(timeout=300)["StatusCode"]
+        logs = container.logs().decode()
+    finally:
+        container.remove(force=True)
+    return status, logs, json.loads((cache / "bench.json").read_text())
+
+
+def test_entrypoint_benchmarks_the_standin_inside_the_image(built, tmp_path):
+    _, report = built
+    status, logs, bench = _bench_in_image(report["image_id"], tmp_path, "89.5")
+    assert status == 0, logs[-3000:]
+    assert "The server is fired up and ready to roll!" in logs
+    assert bench["reference_tok_s"] == 89.5 and bench["verdict"] != "regression"
+
+
+def test_entrypoint_flags_a_slower_decode_inside_the_image(built, tmp_path):
+    _, report = built
+    status, logs, _ = _bench_in_image(report["image_id"], tmp_path, "83.9")
+    assert status == 1, logs[-3000:]
+    assert "regression" in logs.lower()
+
+
+def test_smoke_command_inside_the_image(built):
+    _, report = built
+    container_output = docker.from_env().containers.run(
+        report["image_id"], ["smoke", "--json"], remove=True, stdout=True, stderr=False).decode()
+    results = json.loads(container_output)
+    assert results["passed"] is True
+
+
+def _derived(built_id: str, tmp_path: Path, name: str, steps: str) -> str:
+    """A real image FROM the built one with one planted fault."""
+    (tmp_path / "Dockerfile").write_text(f"FROM {built_id}\n{steps}\n")
+    engine = get_engine("buildah")
+    result = engine.build(BuildRequest(context_dir=tmp_path, dockerfile=tmp_path / "Dockerfile",
+                                       tags=(f"localhost/fault-{name}:test",), source_date_epoch=STACK.source_date_epoch))
+    return result.image_id
+
+
+SITE = f"/opt/venv/lib/python{STACK.python}/site-packages"
+FAULTS = {
+    "removed-library": (f"RUN rm {SITE}/nvidia/cuda_nvrtc/lib/libnvrtc.so.12", "abi.needed-libs.sgl-kernel"),
+    "reverted-patch": (f"RUN patch -R -p1 -d {SITE} -i /opt/builder/patches/sglang/0.5.9/0001-torch-symm-mem-sm120.patch",
+                       "patches.sglang/0.5.9/0001-torch-symm-mem-sm120.patch"),
+    "absent-architecture": ("RUN [\"/opt/venv/bin/python\", \"-c\", \"import json; p='/opt/builder/stack.json'; "
+                            "d=json.load(open(p)); d['target_arch']=['10.3']; json.dump(d, open(p, 'w'))\"]",
+                            "arch.sgl-kernel"),
+}
+
+
+@pytest.mark.parametrize("fault", sorted(FAULTS))
+def test_planted_fault_is_caught_by_its_check(built, tmp_path, fault):
+    _, report = built
+    steps, check = FAULTS[fault]
+    image = _derived(report["image_id"], tmp_path, fault, steps)
+    result = smoke.run_in_image(image)
+    assert not result.passed
+    assert check in result.failures(), result.table()
+
+
+def test_extension_against_another_torch_is_caught(built, tmp_path):
+    _, report = built
+    steps = (f"RUN --mount=type=secret,id=cacert [\"/opt/venv/bin/pip\", \"install\", \"--cert\", "
+             f"\"/run/secrets/cacert\", \"--no-deps\", \"torch==2.8.0\"]")
+    (tmp_path / "Dockerfile").write_text(f"FROM {report['image_id']}\n{steps}\n")
+    from builder import hostnet
+
+    network = hostnet.host_network()
+    image = get_engine("buildah").build(BuildRequest(
+        context_dir=tmp_path, dockerfile=tmp_path / "Dockerfile", tags=("localhost/fault-torch:test",),
+        source_date_epoch=STACK.source_date_epoch, add_hosts=network.add_hosts, secrets=network.secrets)).image_id
+    result = smoke.run_in_image(image)
+    assert {"versions.torch", "abi.undefined-symbols.sgl-kernel"} <= set(result.failures()), result.table()
+
+
+def test_verify_finds_two_clean_builds_identical(local_base, env):
+    result = builder("verify", "--local-base", "sglang-0.5.9-cu128", env=env)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "identical:" in result.stdout
+
+
+def test_verify_names_the_layer_of_a_planted_date(local_base, env, tmp_path):
+    (tmp_path / "Dockerfile").write_text(
+        f"FROM {local_base}\nRUN [\"/bin/sh\", \"-c\", \"echo stable > /stable\"]\n"
+        "RUN [\"/bin/sh\", \"-c\", \"date +%s%N > /built-at\"]\n")
+    result = builder("verify", "--dockerfile", str(tmp_path / "Dockerfile"), "--context", str(tmp_path), env=env)
+    assert result.returncode == 1
+    assert "first differing layer: #3" in result.stdout and "date +%s%N" in result.stdout
+    assert "built-at" in result.stdout and "/stable" not in result.stdout.split("first differing layer")[1]
