@@ -12,6 +12,9 @@ from builder.base import BaseSpec, make_base
 from builder.engine.buildah import BuildahEngine
 
 EPOCH = 1735689600  # 2025-01-01: a fixed date, never the wall clock
+# The test base gets its own date, so its image ID differs from a base built for real use: one
+# image under two names would make buildah's recorded FROM name (and so digests) ambiguous.
+BASE_EPOCH = 1700000000
 TEST_BASE_TAG = "localhost/builder-base-test:bookworm"
 
 
@@ -27,7 +30,7 @@ def base_image(tmp_path_factory):
     if not _built_base:
         output = tmp_path_factory.mktemp("base")
         engine = BuildahEngine()
-        spec = BaseSpec(source_date_epoch=EPOCH, tag=TEST_BASE_TAG)
+        spec = BaseSpec(source_date_epoch=BASE_EPOCH, tag=TEST_BASE_TAG)
         result = make_base(spec, output, engine=engine)
         engine.daemon.load(result.archive)
         _built_base.append(result)

@@ -6,7 +6,7 @@ import json
 import tarfile
 
 import pytest
-from engine_helpers import EPOCH, TEST_BASE_TAG, base_image, tar_bytes  # noqa: F401
+from engine_helpers import BASE_EPOCH, EPOCH, TEST_BASE_TAG, base_image, tar_bytes  # noqa: F401
 
 from builder import cli
 from builder.base import (
@@ -122,14 +122,14 @@ def test_hand_written_archive_loads_with_its_digest_in_both_engines(tmp_path):
 @pytest.mark.network
 def test_real_base_is_reproducible_and_loaded_everywhere(base_image, tmp_path):
     # A second, independent mmdebstrap run gives the same tarball and so the same digest.
-    again = make_base(BaseSpec(source_date_epoch=EPOCH, tag=TEST_BASE_TAG), tmp_path)
+    again = make_base(BaseSpec(source_date_epoch=BASE_EPOCH, tag=TEST_BASE_TAG), tmp_path)
     assert again.rootfs_sha256 == base_image.rootfs_sha256
     assert again.image_id == base_image.image_id
     assert again.archive.read_bytes() == base_image.archive.read_bytes()
     assert BuildahEngine().image_digest(TEST_BASE_TAG) == base_image.image_id
     assert DockerDaemon().image_id(TEST_BASE_TAG) == base_image.image_id
     record = json.loads((tmp_path / "base-bookworm-amd64.json").read_text())
-    assert record["image_id"] == base_image.image_id and record["source_date_epoch"] == EPOCH
+    assert record["image_id"] == base_image.image_id and record["source_date_epoch"] == BASE_EPOCH
     names = {package.split("=")[0] for package in base_image.packages}
     assert set(DEFAULT_PACKAGES) <= names
     # Kept small: no perl beyond perl-base, no documentation except licences.
