@@ -1,4 +1,4 @@
-"""`builder base`: make the local Debian base image (mmdebstrap), load it into the engine, print its digest."""
+"""`builder base`: make the local Debian base image, load it into the engine, print its digest."""
 
 from __future__ import annotations
 
