@@ -16,11 +16,10 @@ def build_parser() -> argparse.ArgumentParser:
         prog="builder",
         description="Reproducible container images for SGLang GPU serving stacks.",
     )
-    parser.add_argument(
-        "--matrix", default="matrix.toml", help="version matrix (default: %(default)s)"
-    )
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module_info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
+        if module_info.name.startswith("_"):
+            continue
         module = importlib.import_module(f"{commands.__name__}.{module_info.name}")
         module.register(subparsers)
     return parser
@@ -32,7 +31,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except (UserError, BuildFailure) as error:
-        print(f"builder: error: {error}", file=sys.stderr)
+        for line in str(error).splitlines():
+            print(f"builder: error: {line}", file=sys.stderr)
         return error.exit_code
     except KeyboardInterrupt:
         print("builder: interrupted", file=sys.stderr)

@@ -1,0 +1,24 @@
+"""`builder pin STACK [--bench REPORT ...]`: promote a smoke-tested image and its bench baselines."""
+
+from builder import baselines, cli_common, lock
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "pin", help="mark a stack's smoke-tested image as known-good, with its reference bench figures")
+    cli_common.add_matrix_arguments(parser, stacks=False)
+    parser.add_argument("stack", metavar="STACK", help="stack row, as `builder matrix` names it")
+    parser.add_argument("--bench", action="append", default=[], metavar="REPORT",
+                        help="a bench report (JSON) measured on this image; a regression refuses the pin")
+    parser.set_defaults(func=run)
+
+
+def run(args) -> int:
+    matrix = cli_common.load(args)
+    stack = matrix.stack(args.stack)
+    references = baselines.load(stacks=matrix.all_rows()).get(stack.name, [])
+    pinned = lock.pin_stack(stack, references, args.bench)
+    measured = ", ".join(f"{f['mode']} {f['tok_s']:.1f} tok/s" for f in pinned["bench"]["measured"]) or "none"
+    print(f"{stack.name}: pinned image {pinned['pinned']['image_id']} "
+          f"({len(references)} reference figure(s); measured: {measured})")
+    return 0

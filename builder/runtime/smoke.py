@@ -1,0 +1,92 @@
+"""Smoke checks of a built image, run inside it before it is tagged.
+
+    /opt/venv/bin/python /opt/builder/runtime/smoke.py [--json] [--only CHECK ...]
+
+Reads the stack description (/opt/builder/stack.json, or --stack / the
+BUILDER_STACK_JSON variable) and runs the named checks: versions, imports,
+abi, arch, patches, entrypoint, gpu. Each row passes, fails or is skipped with
+a reason. Prints a table (or JSON with --json); exit status 1 when any check
+failed, 2 for bad usage or an unreadable stack description.
+
+Standard library only; runs as a script path or imported as builder.runtime.smoke.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import traceback
+
+try:
+    from . import (smoke_abi, smoke_arch, smoke_entrypoint, smoke_gpu, smoke_imports,
+                   smoke_patches, smoke_report, smoke_versions, stackinfo)
+    from .smoke_env import Environment
+except ImportError:  # run as a script from /opt/builder/runtime
+    import smoke_abi
+    import smoke_arch
+    import smoke_entrypoint
+    import smoke_gpu
+    import smoke_imports
+    import smoke_patches
+    import smoke_report
+    import smoke_versions
+    import stackinfo
+    from smoke_env import Environment
+
+# In the order they run: cheap facts first, the GPU last.
+CHECKS = {
+    "versions": smoke_versions.run,
+    "imports": smoke_imports.run,
+    "abi": smoke_abi.run,
+    "arch": smoke_arch.run,
+    "patches": smoke_patches.run,
+    "entrypoint": smoke_entrypoint.run,
+    "gpu": smoke_gpu.run,
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="smoke.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument("--only", nargs="+", choices=sorted(CHECKS), metavar="CHECK",
+                        help=f"run only these checks ({', '.join(CHECKS)})")
+    parser.add_argument("--stack", help="stack description (default: $BUILDER_STACK_JSON or "
+                                        f"{stackinfo.DEFAULT_PATH})")
+    parser.add_argument("--gpu-expect-offset", type=float, default=0.0, metavar="X",
+                        help="add X to every GPU reference result: a non-zero X plants a wrong "
+                             "expectation that the gpu checks must report (default 0)")
+    return parser
+
+
+def run_checks(env: Environment, names: list[str]) -> list[smoke_report.Result]:
+    results: list[smoke_report.Result] = []
+    for name in names:
+        try:
+            results.extend(CHECKS[name](env))
+        except Exception as error:  # a bug in one check must not hide the others' results
+            where = traceback.extract_tb(error.__traceback__)[-1]
+            results.append(smoke_report.failed(
+                name, f"check crashed: {type(error).__name__}: {error} "
+                      f"({where.filename.rsplit('/', 1)[-1]}:{where.lineno})"))
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        info = stackinfo.load(args.stack)
+    except (OSError, ValueError) as error:
+        print(f"smoke: error: cannot read the stack description: {error}", file=sys.stderr)
+        return 2
+    env = Environment(info, gpu_expect_offset=args.gpu_expect_offset)
+    names = [name for name in CHECKS if not args.only or name in args.only]
+    results = run_checks(env, names)
+    if args.json:
+        sys.stdout.write(smoke_report.to_json(env.stack, results))
+    else:
+        sys.stdout.write(smoke_report.format_table(env.stack, results))
+    return 1 if any(result.status == smoke_report.FAIL for result in results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

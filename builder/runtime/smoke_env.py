@@ -1,0 +1,159 @@
+"""What every smoke check needs to know about the environment it runs in.
+
+The smoke program runs under the image's venv interpreter, so the installed
+distributions are read in-process with importlib.metadata; anything that may
+crash (importing torch, loading CUDA extensions) runs in a child interpreter.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+import textwrap
+
+try:
+    from . import smoke_libs
+except ImportError:  # run as a script from /opt/builder/runtime
+    import smoke_libs
+
+IMPORT_TIMEOUT_S = 600
+_LOADER_MARKERS = ("undefined symbol", "cannot open shared object file", "version `")
+
+
+@dataclass(frozen=True)
+class ChildResult:
+    returncode: int | None  # None: timed out
+    stdout: str
+    stderr: str
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+    def reason(self) -> str:
+        """One line saying why the child failed: its last error line, a signal, or a timeout."""
+        if self.returncode is None:
+            return self.stderr
+        lines = [line.strip() for line in self.stderr.splitlines() if line.strip()]
+        if self.returncode < 0:
+            try:
+                name = signal.Signals(-self.returncode).name
+            except ValueError:
+                name = f"signal {-self.returncode}"
+            last = f" after: {lines[-1]}" if lines else ""
+            return f"killed by {name}{last}"
+        if not lines:
+            return f"exit status {self.returncode} with no message"
+        # A loader message says what broke; wrappers (sgl_kernel's loader) bury it mid-output.
+        telling = [line for line in lines if any(marker in line for marker in _LOADER_MARKERS)]
+        return (telling[0] if telling else lines[-1]).lstrip("- ")
+
+
+def run_python(args: list[str], timeout: float = IMPORT_TIMEOUT_S,
+               env: dict[str, str] | None = None) -> ChildResult:
+    """Run this interpreter with `args` in a neutral working directory."""
+    try:
+        done = subprocess.run([sys.executable, *args], capture_output=True, text=True,
+                              timeout=timeout, cwd="/", env=env)
+    except subprocess.TimeoutExpired:
+        return ChildResult(None, "", f"timed out after {timeout:.0f} s")
+    return ChildResult(done.returncode, done.stdout, done.stderr)
+
+
+_TORCH_PROBE = textwrap.dedent("""
+    import json, torch
+    print(json.dumps({
+        "version": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cxx11_abi": bool(torch._C._GLIBCXX_USE_CXX11_ABI),
+        "file": torch.__file__,
+    }))
+""")
+
+
+class Environment:
+    """The stack description plus lazily gathered facts about the interpreter's packages."""
+
+    def __init__(self, info: dict, gpu_expect_offset: float = 0.0):
+        self.info = info
+        # Added to every reference value of the GPU computations: a non-zero
+        # offset plants a wrong expectation, which those checks must report.
+        self.gpu_expect_offset = gpu_expect_offset
+        self._torch: dict | None = None
+
+    @property
+    def stack(self) -> str:
+        return self.info["stack"]
+
+    @property
+    def pinned(self) -> dict[str, str]:
+        return self.info["distributions"]
+
+    def in_stack(self, distribution: str) -> bool:
+        return normalize(distribution) in {normalize(name) for name in self.pinned}
+
+    def installed_version(self, distribution: str) -> str | None:
+        try:
+            return importlib.metadata.version(distribution)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+
+    def distribution_files(self, distribution: str) -> list[Path]:
+        """Absolute paths of the files a distribution installed (its RECORD), existing ones only."""
+        try:
+            dist = importlib.metadata.distribution(distribution)
+        except importlib.metadata.PackageNotFoundError:
+            return []
+        paths = (Path(dist.locate_file(entry)).resolve() for entry in dist.files or [])
+        return sorted({path for path in paths if path.is_file()})
+
+    def installed_distributions(self) -> dict[str, str]:
+        """{normalized name: version} of everything importlib.metadata sees, first one wins."""
+        found: dict[str, str] = {}
+        for dist in importlib.metadata.distributions():
+            name = dist.metadata["Name"]
+            if name:
+                found.setdefault(normalize(name), dist.version)
+        return found
+
+    def torch_facts(self) -> dict:
+        """torch's version, CUDA version and CXX11 ABI flag, read in a child interpreter.
+
+        {"error": "..."} when torch cannot be imported.
+        """
+        if self._torch is None:
+            child = run_python(["-c", _TORCH_PROBE])
+            if child.ok:
+                self._torch = json.loads(child.stdout.strip().splitlines()[-1])
+            else:
+                self._torch = {"error": child.reason()}
+        return self._torch
+
+    def driver_present(self) -> bool:
+        """Whether the NVIDIA driver's libcuda.so.1 is visible to the loader (a GPU container)."""
+        loader = smoke_libs.Loader()
+        return "libcuda.so.1" in loader.cache or any(
+            os.path.exists(os.path.join(directory, "libcuda.so.1"))
+            for directory in loader.ld_library_path + list(smoke_libs.DEFAULT_DIRS))
+
+    @staticmethod
+    def site_packages() -> Path:
+        import sysconfig
+        return Path(sysconfig.get_paths()["purelib"])
+
+
+def normalize(name: str) -> str:
+    """PEP 503 name normalization: Flashinfer_Python -> flashinfer-python."""
+    out = []
+    for char in name.lower():
+        out.append("-" if char in "-_." else char)
+    normalized = "".join(out)
+    while "--" in normalized:
+        normalized = normalized.replace("--", "-")
+    return normalized

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Issue 5, item 5: run the in-image smoke program directly on a GPU machine
+# without Docker (an H200, compute capability 9.0), with that machine's python3
+# and torch. From the repository root:
+#
+#     bash tests/gpu/run_on_h200.sh            # or PYTHON=/path/to/python3 ...
+#
+# It writes a stack.json describing what this machine has (target 9.0, the
+# installed distributions, torch's CUDA), runs every check and prints the table;
+# checks that cannot run here (no sgl_kernel, no sglang, ...) say so as skips.
+# Then it plants a wrong expectation (--gpu-expect-offset 1): every GPU
+# computation must fail. Exit 0 only when the real run has no failure and the
+# planted run fails every GPU computation.
+set -uo pipefail
+
+repo=$(cd "$(dirname "$0")/../.." && pwd)
+python=${PYTHON:-python3}
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+"$python" - "$work/stack.json" <<'PY'
+import importlib.metadata as metadata, json, sys
+import torch
+
+names = ("torch", "sgl-kernel", "flashinfer-python", "flashinfer-cubin", "flashinfer-jit-cache",
+         "sglang", "nvidia-nccl-cu12", "nvidia-cuda-runtime-cu12")
+pins = {}
+for name in names:
+    try:
+        pins[name] = metadata.version(name)
+    except metadata.PackageNotFoundError:
+        pass
+modes = {"baseline": {"args": {"tp_size": max(torch.cuda.device_count(), 1)}, "env": {},
+                      "requires_draft_model": False, "reference_tok_s": None}}
+info = {"schema": 1, "stack": "h200-direct", "cuda": torch.version.cuda or "none",
+        "python": "%d.%d" % sys.version_info[:2], "target_arch": ["9.0"], "venv": sys.prefix,
+        "distributions": pins, "patches": [],
+        "serve": {"env": {}, "cache_dir": "/cache", "modes": modes},
+        "bench": {"input_len": 128, "output_len": 32, "num_prompts": 4,
+                  "regression_tolerance": 0.05},
+        "overrides": []}
+with open(sys.argv[1], "w") as handle:
+    json.dump(info, handle, indent=2, sort_keys=True)
+print("stack.json for this machine:", json.dumps(pins, sort_keys=True))
+PY
+
+echo "== smoke checks, real expectations =="
+"$python" "$repo/builder/runtime/smoke.py" --stack "$work/stack.json"
+real=$?
+
+echo "== gpu checks with a planted wrong expectation (offset 1): must fail =="
+"$python" "$repo/builder/runtime/smoke.py" --stack "$work/stack.json" --only gpu \
+    --gpu-expect-offset 1 --json > "$work/planted.json"
+"$python" - "$work/planted.json" <<'PY'
+import json, sys
+rows = {row["check"]: row for row in json.load(open(sys.argv[1]))["results"]}
+for name, row in sorted(rows.items()):
+    print(f"{name:24} {row['status'].upper():5} {row['detail'][:150]}")
+ran = [row for name, row in rows.items() if name != "gpu.capability" and row["status"] != "skip"]
+caught = ran and all(row["status"] == "fail" for row in ran)
+print("planted expectation caught by every GPU computation that ran:", bool(caught))
+sys.exit(0 if caught else 1)
+PY
+planted=$?
+
+echo "real run exit status $real (0: no failure); planted run caught: $([ $planted = 0 ] && echo yes || echo no)"
+[ "$real" = 0 ] && [ "$planted" = 0 ]

@@ -1,0 +1,329 @@
+"""Push and pull by digest against a real registry (Debian's docker-registry, i.e. Distribution)
+started on loopback, through the real Docker daemon, with tiny images made here."""
+
+from __future__ import annotations
+
+import http.server
+import io
+import json
+import shutil
+import socket
+import subprocess
+import tarfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import docker
+import pytest
+import requests
+
+from builder import lock, registry
+from builder.cli import main
+from builder.errors import BuildFailure, UserError
+from builder.matrix import load_matrix
+
+from test_lock import resolution_of
+
+REPO = Path(__file__).resolve().parent.parent
+STACK = load_matrix(REPO / "matrix.toml").stack("sglang-0.5.9-cu128")
+
+pytestmark = pytest.mark.engine
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class Registry:
+    """docker-registry on 127.0.0.1:port, file storage in a temporary folder, no auth."""
+
+    def __init__(self, root: Path, port: int):
+        self.root, self.port, self.process = root, port, None
+        self.host = f"127.0.0.1:{port}"
+
+    def start(self) -> None:
+        binary = shutil.which("docker-registry") or shutil.which("registry")
+        assert binary, "docker-registry is not installed (scripts/setup-host installs it)"
+        config = self.root / "config.yml"
+        config.write_text(
+            "version: 0.1\n"
+            "log:\n  level: error\n"
+            f"storage:\n  filesystem:\n    rootdirectory: {self.root / 'data'}\n  delete:\n    enabled: true\n"
+            f"http:\n  addr: {self.host}\n"
+        )
+        self.log = open(self.root / "registry.log", "ab")
+        self.process = subprocess.Popen([binary, "serve", str(config)], stdout=self.log, stderr=self.log)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if requests.get(f"http://{self.host}/v2/", timeout=1).status_code == 200:
+                    return
+            except requests.RequestException:
+                time.sleep(0.1)
+        raise AssertionError(f"registry did not start: {(self.root / 'registry.log').read_text()}")
+
+    def stop(self) -> None:
+        if self.process:
+            self.process.terminate()
+            self.process.wait(10)
+            self.log.close()
+            self.process = None
+
+    def manifest_digest(self, repository: str, tag: str) -> str:
+        response = requests.head(
+            f"http://{self.host}/v2/{repository}/manifests/{tag}", timeout=10,
+            headers={"Accept": "application/vnd.docker.distribution.manifest.v2+json, "
+                               "application/vnd.oci.image.manifest.v1+json"})
+        response.raise_for_status()
+        return response.headers["Docker-Content-Digest"]
+
+
+class Answers500:
+    """Anything on this port answers HTTP 500: a registry that is up but failing."""
+
+    def __init__(self, port: int):
+        self.requests: list[str] = []
+        recorded = self.requests
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def _fail(self):
+                recorded.append(f"{self.command} {self.path}")
+                self.send_response(500)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            do_GET = do_HEAD = do_POST = do_PUT = do_PATCH = _fail
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture(scope="module")
+def client():
+    try:
+        client = docker.from_env()
+        client.ping()
+    except docker.errors.DockerException as error:
+        pytest.fail(f"Docker daemon not running ({error}); scripts/setup-host starts it")
+    return client
+
+
+@pytest.fixture
+def live_registry(tmp_path):
+    server = Registry(tmp_path / "registry", free_port())
+    server.root.mkdir()
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def image(client):
+    """A one-file image made with `docker import`: unique content, so a unique image id."""
+    repository = f"builder-test-{uuid.uuid4().hex[:8]}"
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        payload = f"{repository}\n".encode()
+        info = tarfile.TarInfo("hello.txt")
+        info.size, info.mtime = len(payload), 1767225600
+        archive.addfile(info, io.BytesIO(payload))
+    result = client.api.import_image_from_data(buffer.getvalue(), repository=repository, tag="candidate")
+    image_id = client.images.get(f"{repository}:candidate").id
+    assert json.loads(result.splitlines()[-1] if isinstance(result, str) else result)["status"] == image_id
+    yield {"id": image_id, "repository": repository, "immutable": f"{repository}:0.5.9-cu128-abc123"}
+    for tagged in client.images.list(all=True):
+        if tagged.id == image_id:
+            client.images.remove(image_id, force=True)
+
+
+@pytest.fixture
+def path(tmp_path, monkeypatch):
+    """A lock whose cu128 entry records the test image as built and smoke-tested."""
+    lock_path = tmp_path / "matrix.lock"
+    monkeypatch.setenv("BUILDER_LOCK", str(lock_path))
+    lock.lock_stacks([STACK], path=lock_path, resolver=resolution_of)
+    return lock_path
+
+
+def built(path, image):
+    lock.record_build(STACK, image_id=image["id"], tags=[image["immutable"]], report_path="r.json", path=path)
+    lock.record_smoke(STACK.name, passed=True, report={"passed": True}, path=path)
+
+
+class Sleeps:
+    """Retry's sleep: records the delays, and can change the world between attempts."""
+
+    def __init__(self, between=None):
+        self.delays: list[float] = []
+        self.between = between
+
+    def __call__(self, delay: float) -> None:
+        self.delays.append(delay)
+        if self.between:
+            self.between(len(self.delays))
+
+
+def test_push_then_pull_by_digest(client, live_registry, image, path, capsys):
+    built(path, image)
+    pushed = registry.push(STACK.name, live_registry.host, client=client, lock_path=path)
+    digest = live_registry.manifest_digest(image["repository"], "0.5.9-cu128-abc123")
+    assert pushed["digest"] == digest
+    recorded = lock.entry(STACK, path)["push"]
+    assert recorded == {"registry": live_registry.host, "repository": image["repository"],
+                        "tag": "0.5.9-cu128-abc123", "digest": digest,
+                        "reference": f"{live_registry.host}/{image['repository']}@{digest}"}
+    assert lock.entry(STACK, path)["image"]["digest"] == digest
+
+    client.images.remove(image["id"], force=True)  # the pull must come from the registry
+    status = main(["pull", STACK.name])
+    out = capsys.readouterr().out
+    assert status == 0
+    assert out == (f"{STACK.name}: {live_registry.host}/{image['repository']}@{digest} is {image['id']}, "
+                   f"tagged {image['immutable']}\n")
+    pulled = client.images.get(image["immutable"])
+    assert pulled.id == image["id"]
+    assert f"{live_registry.host}/{image['repository']}@{digest}" in pulled.attrs["RepoDigests"]
+
+
+def test_push_command_prints_the_digest_reference(client, live_registry, image, path, capsys):
+    built(path, image)
+    assert main(["push", STACK.name, "--registry", f"{live_registry.host}/team"]) == 0
+    digest = live_registry.manifest_digest(f"team/{image['repository']}", "0.5.9-cu128-abc123")
+    assert capsys.readouterr().out == (
+        f"{STACK.name}: pushed {live_registry.host}/team/{image['repository']}:0.5.9-cu128-abc123 = "
+        f"{live_registry.host}/team/{image['repository']}@{digest}\n")
+
+
+def test_an_immutable_tag_is_never_moved(client, live_registry, image, path):
+    built(path, image)
+    registry.push(STACK.name, live_registry.host, client=client, lock_path=path)
+    registry.push(STACK.name, live_registry.host, client=client, lock_path=path)  # same image: fine
+    # Another image under the same immutable tag.
+    client.api.import_image_from_data(b"\0" * 1024, repository=image["repository"], tag="other")
+    other_id = client.images.get(f"{image['repository']}:other").id
+    try:
+        lock.record_build(STACK, image_id=other_id, tags=[image["immutable"]], report_path="r.json", path=path)
+        lock.record_smoke(STACK.name, passed=True, report={"passed": True}, path=path)
+        before = path.read_bytes()
+        with pytest.raises(BuildFailure, match=rf"already names another image \({image['id']}\); immutable tags are never moved$"):
+            registry.push(STACK.name, live_registry.host, client=client, lock_path=path)
+        assert path.read_bytes() == before
+    finally:
+        client.images.remove(other_id, force=True)
+
+
+def test_registry_down_is_retried_then_a_clear_error_with_the_lock_untouched(client, image, path):
+    built(path, image)
+    before = path.read_bytes()
+    host = f"127.0.0.1:{free_port()}"
+    sleeps = Sleeps()
+    with pytest.raises(BuildFailure) as failure:
+        registry.push(STACK.name, host, retry=registry.Retry(3, 0.5, sleeps), client=client, lock_path=path)
+    assert str(failure.value) == (f"push {host}/{image['repository']}:0.5.9-cu128-abc123 failed after 3 attempts: "
+                                  f"registry {host} unreachable (connection refused)")
+    assert sleeps.delays == [0.5, 1.0]
+    assert path.read_bytes() == before
+
+
+def test_registry_answering_500_is_retried_then_a_clear_error_with_the_lock_untouched(client, image, path):
+    built(path, image)
+    before = path.read_bytes()
+    port = free_port()
+    failing = Answers500(port)
+    try:
+        with pytest.raises(BuildFailure) as failure:
+            registry.push(STACK.name, f"127.0.0.1:{port}", retry=registry.Retry(3, 0.01, Sleeps()),
+                          client=client, lock_path=path)
+    finally:
+        failing.stop()
+    assert str(failure.value) == (f"push 127.0.0.1:{port}/{image['repository']}:0.5.9-cu128-abc123 failed after "
+                                  f"3 attempts: registry 127.0.0.1:{port} answered HTTP 500 on /v2/")
+    assert failing.requests.count("GET /v2/") == 3
+    assert path.read_bytes() == before
+
+
+def test_a_registry_that_recovers_gets_the_push(client, image, path, tmp_path, capsys):
+    """Down, then answering 500, then up: two retries, then the push lands and the lock records it."""
+    built(path, image)
+    port = free_port()
+    server = Registry(tmp_path / "late", port)
+    server.root.mkdir()
+    failing: list[Answers500] = []
+
+    def between(attempt: int) -> None:
+        if attempt == 1:
+            failing.append(Answers500(port))
+        else:
+            failing[0].stop()
+            server.start()
+
+    try:
+        sleeps = Sleeps(between)
+        pushed = registry.push(STACK.name, server.host, retry=registry.Retry(4, 0.01, sleeps),
+                               client=client, lock_path=path)
+        assert sleeps.delays == [0.01, 0.02]
+        assert pushed["digest"] == server.manifest_digest(image["repository"], "0.5.9-cu128-abc123")
+        assert lock.entry(STACK, path)["push"]["digest"] == pushed["digest"]
+        err = capsys.readouterr().err
+        assert "unreachable (connection refused); retrying in 0.01 s (attempt 2 of 4)" in err
+        assert "answered HTTP 500 on /v2/; retrying in 0.02 s (attempt 3 of 4)" in err
+    finally:
+        server.stop()
+
+
+def test_pull_checks_the_image_against_the_lock(client, live_registry, image, path):
+    built(path, image)
+    registry.push(STACK.name, live_registry.host, client=client, lock_path=path)
+    wrong = "sha256:" + "9" * 64
+    lock.update(lambda data: data["stacks"][STACK.name]["image"].update(id=wrong), path=path)
+    with pytest.raises(BuildFailure, match=rf"@sha256:[0-9a-f]{{64}} is image {image['id']}, but matrix.lock records {wrong}$"):
+        registry.pull(STACK.name, client=client, lock_path=path)
+
+
+def test_pull_and_push_refuse_what_the_lock_does_not_support(client, image, path):
+    with pytest.raises(UserError, match=rf"^{STACK.name}: no image recorded in matrix.lock: run `builder build"):
+        registry.push(STACK.name, "127.0.0.1:5000", client=client, lock_path=path)
+    lock.record_build(STACK, image_id=image["id"], tags=[image["immutable"]], report_path="r.json", path=path)
+    with pytest.raises(UserError, match=rf"^{STACK.name}: image {image['id']} has not passed smoke"):
+        registry.push(STACK.name, "127.0.0.1:5000", client=client, lock_path=path)
+    with pytest.raises(UserError, match=rf"^{STACK.name}: matrix.lock records no push; run `builder push"):
+        registry.pull(STACK.name, client=client, lock_path=path)
+    with pytest.raises(UserError, match="give host\\[:port\\]\\[/namespace\\], without a scheme"):
+        registry.split_registry("https://127.0.0.1:5000")
+
+
+@pytest.mark.parametrize("message, transient", [
+    ('Get "http://127.0.0.1:45125/v2/": dial tcp 127.0.0.1:45125: connect: connection refused', True),
+    ("received unexpected HTTP status: 500 Internal Server Error", True),
+    ("received unexpected HTTP status: 503 Service Unavailable", True),
+    ("unauthorized: authentication required", False),
+    ("denied: requested access to the resource is denied", False),
+    ("manifest invalid: manifest invalid", False),
+])
+def test_daemon_messages_are_classified(message, transient):
+    """Messages as the Docker daemon words them (the first two seen from dockerd 28 here)."""
+    assert registry.is_transient(message) is transient
+
+
+def test_push_without_a_docker_daemon_says_how_to_start_it(path, monkeypatch, capsys, tmp_path):
+    lock.record_build(STACK, image_id="sha256:" + "1" * 64, tags=["t:1"], report_path="r.json", path=path)
+    lock.record_smoke(STACK.name, passed=True, report={"passed": True}, path=path)
+    before = path.read_bytes()
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-daemon.sock")
+    assert main(["push", STACK.name, "--registry", "127.0.0.1:5000"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("builder: error: Docker daemon not running (")
+    assert err.endswith("start it with scripts/setup-host (or run `dockerd &` as root)\n")
+    assert err.count("\n") == 1
+    assert path.read_bytes() == before

@@ -1,0 +1,99 @@
+"""Rendering: golden files, determinism, --check, hadolint on every rendered Dockerfile."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from builder import render
+from builder.cli import main
+from builder.matrix import load_matrix
+
+REPO = Path(__file__).resolve().parent.parent
+MATRIX = load_matrix(REPO / "matrix.toml")
+
+
+def rendered() -> dict[str, str]:
+    return render.render_all(MATRIX.all_rows(), render.lock_requirements)
+
+
+def test_committed_images_match_rendering():
+    """The golden files are the committed images/: any template or matrix change shows as a diff."""
+    assert render.stale(rendered(), MATRIX.all_rows(), REPO) == []
+
+
+def test_rendering_is_byte_identical_across_runs():
+    assert rendered() == rendered()
+
+
+def test_patch_layers_follow_their_package_and_precede_the_tools():
+    dockerfile = rendered()["images/sglang-0.5.9-cu130/Dockerfile"]
+    order = [dockerfile.index(marker) for marker in (
+        "10-torch.txt", "20-kernels.txt", "30-sglang.txt",
+        "0001-torch-symm-mem-sm120.patch", "0001-trtllm-comm-sm120.patch",
+        "COPY builder/runtime/ /opt/builder/runtime/",
+    )]
+    assert order == sorted(order)
+    assert dockerfile.count('"/opt/builder/apply_patch.py", "--site-packages"') == 4
+
+
+def test_labels_record_pins_overrides_and_patch_hashes():
+    dockerfile = rendered()["images/sglang-0.5.9-cu130/Dockerfile"]
+    assert 'org.opencontainers.image.created="2026-01-01T00:00:00Z"' in dockerfile
+    assert '\\"torch\\":\\"2.9.1+cu130\\"' in dockerfile
+    assert '\\"declared\\":\\"==0.6.3\\"' in dockerfile
+    for patch in render.rendered_patches(MATRIX.stack("sglang-0.5.9-cu130")):
+        assert patch.sha256 in dockerfile
+
+
+def test_local_base_variant_uses_local_image_and_its_python():
+    dockerfile = rendered()["images/sglang-0.5.9-cu128-local/Dockerfile"]
+    assert dockerfile.splitlines()[3] == "FROM localhost/builder-base:debian-bookworm"
+    assert "/opt/venv/lib/python3.11/site-packages" in dockerfile
+    assert "apt-get" not in dockerfile
+
+
+def test_stack_json_carries_serve_profiles():
+    import json
+
+    info = json.loads(rendered()["images/sglang-0.5.9-cu130/stack.json"])
+    assert info["schema"] == 1 and info["target_arch"] == ["12.0"]
+    assert info["serve"]["modes"]["baseline"]["args"]["attention_backend"] == "flashinfer"
+    assert info["distributions"]["torch"] == "2.9.1+cu130"
+    assert [p["name"] for p in info["patches"]][0] == "0001-torch-symm-mem-sm120.patch"
+
+
+@pytest.mark.parametrize("dockerfile", sorted((REPO / "images").glob("*/Dockerfile")), ids=lambda p: p.parent.name)
+def test_hadolint_clean(dockerfile):
+    result = subprocess.run(["hadolint", "--no-color", str(dockerfile)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_check_lists_stale_files(tmp_path, capsys, monkeypatch):
+    copy = tmp_path / "repo"
+    shutil.copytree(REPO / "images", copy / "images")
+    target = copy / "images/sglang-0.5.9-cu130/Dockerfile"
+    target.write_text(target.read_text() + "# hand edit\n")
+    (copy / "images/sglang-0.5.9-cu130/extra.txt").write_text("x")
+    problems = render.stale(rendered(), MATRIX.all_rows(), copy)
+    assert problems == ["images/sglang-0.5.9-cu130/Dockerfile (differs)",
+                        "images/sglang-0.5.9-cu130/extra.txt (not rendered by any stack)"]
+
+
+def test_check_command_exit_codes(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(REPO)
+    assert main(["render", "--check"]) == 0
+    monkeypatch.setattr(render, "REPO_ROOT", tmp_path)
+    assert main(["render", "--check"]) == 1
+    err = capsys.readouterr().err
+    assert "stale: images/sglang-0.5.9-cu130/Dockerfile (missing)" in err
+    assert "rendered file(s) are stale; run `builder render`" in err
+
+
+def test_render_writes_only_changes(tmp_path):
+    files = rendered()
+    assert sorted(render.write(files, tmp_path)) == sorted(files)
+    assert render.write(files, tmp_path) == []

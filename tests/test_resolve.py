@@ -1,0 +1,286 @@
+"""Resolution through real `uv pip compile` against package indexes served on loopback.
+
+The wheels are made here (tiny, pure Python) so every path runs without the network: an extra
+index (with best-match across indexes), a direct-URL wheel, an override of a declared pin, install
+groups, and the sources that cannot be reached or answer 500. tests/test_resolve_network.py
+resolves the real stack rows against the real index.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import functools
+import hashlib
+import http.server
+import socket
+import threading
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from builder import lock, resolve
+from builder.errors import UserError
+from builder.matrix import load_matrix
+from builder.stack import Override, Package
+
+REPO = Path(__file__).resolve().parent.parent
+ROW = load_matrix(REPO / "matrix.toml").stack("sglang-0.5.9-cu128")
+
+
+def make_wheel(directory: Path, name: str, version: str, requires: tuple[str, ...] = ()) -> Path:
+    """A minimal valid wheel: METADATA, WHEEL, RECORD and one module."""
+    dist = name.replace("-", "_")
+    info = f"{dist}-{version}.dist-info"
+    files = {
+        f"{dist}/__init__.py": "",
+        f"{info}/METADATA": "Metadata-Version: 2.1\n"
+        f"Name: {name}\nVersion: {version}\n" + "".join(f"Requires-Dist: {r}\n" for r in requires),
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = []
+    for path, text in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+        record.append(f"{path},sha256={digest},{len(text.encode())}")
+    files[f"{info}/RECORD"] = "\n".join([*record, f"{info}/RECORD,,"]) + "\n"
+    wheel = directory / f"{dist}-{version}-py3-none-any.whl"
+    directory.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(wheel, "w") as archive:
+        for path, text in files.items():
+            archive.writestr(zipfile.ZipInfo(path, (2026, 1, 1, 0, 0, 0)), text)
+    return wheel
+
+
+def sha256_of(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def publish(root: Path, index: str, wheels: list[Path]) -> None:
+    """A PEP 503 simple index at root/<index>/simple/<name>/ linking the wheels with their sha256."""
+    by_name: dict[str, list[Path]] = {}
+    for wheel in wheels:
+        by_name.setdefault(wheel.name.split("-")[0].replace("_", "-"), []).append(wheel)
+    for name, files in by_name.items():
+        page = root / index / "simple" / name / "index.html"
+        page.parent.mkdir(parents=True, exist_ok=True)
+        links = "".join(
+            f'<a href="/{w.relative_to(root).as_posix()}#sha256={sha256_of(w)}">{w.name}</a>\n' for w in files
+        )
+        page.write_text(f"<!DOCTYPE html><html><body>\n{links}</body></html>\n")
+
+
+class _Handler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args) -> None:  # keep pytest output clean
+        pass
+
+    def _broken(self) -> bool:
+        if self.path.startswith("/broken/"):
+            self.send_error(500, "Internal Server Error")
+            return True
+        return False
+
+    def do_GET(self) -> None:
+        if not self._broken():
+            super().do_GET()
+
+    def do_HEAD(self) -> None:
+        if not self._broken():
+            super().do_HEAD()
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def indexes(tmp_path_factory):
+    """A default index and an extra index on loopback, plus a wheel published at a bare URL."""
+    root = tmp_path_factory.mktemp("indexes")
+    files = root / "files"
+    default = [
+        make_wheel(files / "default", "demo-app", "1.0", ("demo-dep==1.0", "demo-lib>=1.0")),
+        make_wheel(files / "default", "demo-dep", "1.0"),
+        make_wheel(files / "default", "demo-dep", "1.1"),
+        make_wheel(files / "default", "demo-lib", "1.0"),
+        make_wheel(files / "default", "demo-kernel-extra", "3.0"),
+    ]
+    extra = [
+        make_wheel(files / "extra", "demo-accel", "2.0+cu999", ("demo-accel-runtime==2.0", "demo-lib")),
+        make_wheel(files / "extra", "demo-accel-runtime", "2.0"),
+        # The extra index mirrors demo-lib at an old version only: first-index would take it.
+        make_wheel(files / "extra", "demo-lib", "0.9"),
+    ]
+    direct = make_wheel(files / "direct", "demo-kernel", "1.0", ("demo-accel", "demo-kernel-extra"))
+    publish(root, "default", default)
+    publish(root, "extra", extra)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Handler, directory=str(root)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    yield {
+        "base": base,
+        "default": f"{base}/default/simple",
+        "extra": f"{base}/extra/simple",
+        "direct_url": f"{base}/{direct.relative_to(root).as_posix()}",
+        "files": {w.name: w for w in [*default, *extra, direct]},
+    }
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture
+def demo(indexes, monkeypatch):
+    """Point uv's default index at the loopback one; give the demo names install groups."""
+    monkeypatch.setenv("UV_DEFAULT_INDEX", indexes["default"])
+    monkeypatch.setitem(resolve.PACKAGE_GROUPS, "demo-accel", "torch")
+    monkeypatch.setitem(resolve.PACKAGE_GROUPS, "demo-kernel", "kernels")
+    return indexes
+
+
+def demo_stack(indexes: dict, *, extra_index: str | None = None, direct_url: str | None = None,
+               overrides: bool = True):
+    packages = (
+        Package("demo-accel", "2.0+cu999", index=extra_index or indexes["extra"]),
+        Package("demo-kernel", "1.0", url=direct_url or indexes["direct_url"]),
+        Package("demo-dep", "1.1"),
+        Package("demo-app", "1.0"),
+    )
+    declared = (Override("demo-dep", "demo-app", "==1.0", "the test pins 1.1 on purpose"),)
+    return dataclasses.replace(ROW, name="demo-row", python="3.11", packages=packages,
+                               overrides=declared if overrides else ())
+
+
+def test_resolves_closure_with_hashes_sources_and_groups(demo):
+    resolution = resolve.resolve(demo_stack(demo))
+    found = {d.name: d for d in resolution.distributions}
+    assert sorted(found) == ["demo-accel", "demo-accel-runtime", "demo-app", "demo-dep", "demo-kernel",
+                             "demo-kernel-extra", "demo-lib"]
+    assert [d.name for d in resolution.distributions] == sorted(found)
+    # The override: demo-app declares demo-dep==1.0, the stack's 1.1 wins.
+    assert found["demo-dep"].version == "1.1"
+    # best-match across indexes: demo-lib 1.0 from the default index, not the extra index's 0.9.
+    assert found["demo-lib"].version == "1.0"
+    assert resolution.index_strategy == "unsafe-best-match"
+    assert resolution.indexes == (demo["extra"],)
+    for dist in found.values():
+        wheel = demo["files"][dist.wheel]
+        assert dist.sha256 == sha256_of(wheel)
+        assert dist.hashes == (dist.sha256,)
+    assert found["demo-accel"].source == demo["extra"]
+    assert found["demo-accel-runtime"].source == demo["extra"]
+    assert found["demo-kernel"].source == demo["direct_url"] == found["demo-kernel"].url
+    assert found["demo-app"].source == found["demo-lib"].source == resolve.DEFAULT_INDEX
+    groups = {name: dist.group for name, dist in found.items()}
+    assert groups == {
+        "demo-accel": "torch", "demo-accel-runtime": "torch", "demo-lib": "torch",
+        "demo-kernel": "kernels", "demo-kernel-extra": "kernels",
+        "demo-app": "sglang", "demo-dep": "sglang",
+    }
+
+
+def test_requirements_texts_install_each_group_with_hashes(demo, tmp_path):
+    stack = demo_stack(demo)
+    path = tmp_path / "matrix.lock"
+    lock.lock_stacks([stack], path=path)
+    texts = lock.requirements_for(stack, path)
+    accel, kernel = demo["files"]["demo_accel-2.0+cu999-py3-none-any.whl"], demo["files"]["demo_kernel-1.0-py3-none-any.whl"]
+    assert f"--extra-index-url {demo['extra']}\n" in texts["torch"]
+    assert f"demo-accel==2.0+cu999 \\\n    --hash=sha256:{sha256_of(accel)}\n" in texts["torch"]
+    assert f"demo-kernel @ {demo['direct_url']} \\\n    --hash=sha256:{sha256_of(kernel)}\n" in texts["kernels"]
+    assert "--extra-index-url" not in texts["kernels"] + texts["sglang"]
+    assert "demo-dep==1.1 \\\n" in texts["sglang"]
+
+
+def test_without_the_override_the_declared_pin_conflicts(demo):
+    with pytest.raises(UserError) as failure:
+        resolve.resolve(demo_stack(demo, overrides=False))
+    message = str(failure.value)
+    assert message.startswith("demo-row: uv found no resolution: ")
+    assert "demo-dep" in message and "\n" not in message
+
+
+def test_unreachable_extra_index_is_one_line_and_writes_nothing(demo, tmp_path):
+    dead = f"http://127.0.0.1:{free_port()}/simple"
+    path = tmp_path / "matrix.lock"
+    lock.lock_stacks([demo_stack(demo)], path=path)
+    before = path.read_bytes()
+    with pytest.raises(UserError) as failure:
+        lock.lock_stacks([demo_stack(demo), demo_stack(demo, extra_index=dead)], path=path)
+    assert str(failure.value) == (
+        f"demo-row: cannot reach package index {dead} (connection refused); nothing was locked")
+    assert path.read_bytes() == before
+
+
+def test_index_answering_500_is_named(demo):
+    broken = f"{demo['base']}/broken/simple"
+    with pytest.raises(UserError, match=rf"^demo-row: package index {broken} answered HTTP 500; nothing was locked$"):
+        resolve.resolve(demo_stack(demo, extra_index=broken))
+
+
+def test_unreachable_wheel_url_is_named(demo):
+    dead = f"http://127.0.0.1:{free_port()}/demo_kernel-1.0-py3-none-any.whl"
+    with pytest.raises(UserError, match=r"^demo-row: cannot reach wheel URL .*demo_kernel-1\.0.*connection refused"):
+        resolve.resolve(demo_stack(demo, direct_url=dead))
+
+
+def test_missing_uv_is_a_user_error(demo):
+    with pytest.raises(UserError, match="^no-such-uv not found: install uv"):
+        resolve.resolve(demo_stack(demo), uv="no-such-uv")
+
+
+def test_override_of_an_unpinned_package_is_refused(demo):
+    stack = dataclasses.replace(demo_stack(demo), overrides=(Override("demo-ghost", "demo-app", "==1", "x"),))
+    with pytest.raises(UserError, match="^demo-row: override for demo-ghost, which the stack does not pin$"):
+        resolve.resolve(stack)
+
+
+def test_groups_follow_the_dependency_graph():
+    parents = {
+        "torch": ("sglang", "flashinfer-python"),
+        "filelock": ("torch",),
+        "nvidia-nccl-cu12": ("torch",),
+        "flashinfer-python": ("sglang",),
+        "numpy": ("flashinfer-python", "sglang"),
+        "sgl-kernel": ("sglang",),
+        "sglang": (),
+        "requests": ("sglang",),
+        "urllib3": ("requests",),
+    }
+    assert resolve.assign_groups(parents) == {
+        "torch": "torch", "filelock": "torch", "nvidia-nccl-cu12": "torch",
+        "flashinfer-python": "kernels", "numpy": "kernels", "sgl-kernel": "kernels",
+        "sglang": "sglang", "requests": "sglang", "urllib3": "sglang",
+    }
+
+
+def test_wheel_choice_follows_tag_preference():
+    ranking = {tag: rank for rank, tag in enumerate(resolve.target_tags("3.12"))}
+    files = [
+        ("https://h/x/demo-1.0-py3-none-any.whl", "a" * 64),
+        ("https://h/x/demo-1.0-cp312-cp312-manylinux_2_28_x86_64.whl", "b" * 64),
+        ("https://h/x/demo-1.0-cp312-cp312-manylinux_2_34_x86_64.whl", "c" * 64),  # too new a glibc
+        ("https://h/x/demo-1.0-cp311-cp311-manylinux_2_28_x86_64.whl", "d" * 64),  # other python
+        ("https://h/x/demo-1.0.tar.gz", "e" * 64),
+    ]
+    assert resolve.fitting_wheels(files, ranking) == [
+        ("demo-1.0-cp312-cp312-manylinux_2_28_x86_64.whl", "b" * 64),
+        ("demo-1.0-py3-none-any.whl", "a" * 64),
+    ]
+
+
+def test_parse_annotated_reads_via_and_from():
+    text = (
+        "demo-app==1.0\n    # via -r requirements.in\n    # from https://idx/simple\n"
+        "demo-dep==1.1\n    # via\n    #   --override overrides.txt\n    #   -r requirements.in\n"
+        "    #   demo-app\n    # from https://idx/simple\n"
+        "demo-kernel @ https://h/demo_kernel-1.0-py3-none-any.whl\n    # via -r requirements.in\n"
+    )
+    entries = resolve.parse_annotated(text)
+    assert entries["demo-dep"].parents == ("demo-app",)
+    assert entries["demo-dep"].version == "1.1" and entries["demo-dep"].index == "https://idx/simple"
+    assert entries["demo-app"].parents == ()
+    assert entries["demo-kernel"].url == "https://h/demo_kernel-1.0-py3-none-any.whl"
+    assert entries["demo-kernel"].version is None
