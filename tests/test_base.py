@@ -4,6 +4,7 @@ and (with the engines) the real base: reproducible, loaded with the same digest 
 import hashlib
 import json
 import tarfile
+from pathlib import Path
 
 import pytest
 from engine_helpers import BASE_EPOCH, EPOCH, TEST_BASE_TAG, base_image, tar_bytes  # noqa: F401
@@ -18,8 +19,13 @@ from builder.base import (
     mmdebstrap_command,
     write_image_archive,
 )
+from builder.commands.base import spec_from_args
 from builder.engine.buildah import BuildahEngine
+from builder.matrix import load_matrix
 from builder.engine.daemon import DockerDaemon
+
+
+REPO_MATRIX = Path(__file__).resolve().parent.parent / "matrix.toml"
 
 
 def test_mmdebstrap_command(tmp_path):
@@ -80,7 +86,8 @@ def test_installed_packages_come_from_dpkg_status(tmp_path):
     assert installed_packages(rootfs(tmp_path, status)) == ("bash=5.2.15-2+b7", "zlib1g=1:1.2.13")
 
 
-def test_cli_without_epoch_refuses_the_wall_clock(monkeypatch, capsys):
+def test_cli_without_epoch_refuses_the_wall_clock(monkeypatch, capsys, tmp_path):
+    monkeypatch.chdir(tmp_path)  # no matrix.toml here: the epoch must come from elsewhere
     monkeypatch.delenv("SOURCE_DATE_EPOCH", raising=False)
     assert cli.main(["base", "--no-load"]) == 2
     assert capsys.readouterr().err == (
@@ -92,10 +99,32 @@ def test_cli_without_epoch_refuses_the_wall_clock(monkeypatch, capsys):
     ("yesterday", "SOURCE_DATE_EPOCH must be an integer, got 'yesterday'"),
     ("-5", "SOURCE_DATE_EPOCH must not be negative, got -5"),
 ])
-def test_cli_bad_epoch(monkeypatch, capsys, value, message):
+def test_cli_bad_epoch(monkeypatch, capsys, tmp_path, value, message):
+    monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("SOURCE_DATE_EPOCH", value)
     assert cli.main(["base", "--no-load"]) == 2
     assert capsys.readouterr().err == f"builder: error: {message}\n"
+
+
+def test_defaults_come_from_the_matrix(monkeypatch):
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "5")  # the matrix's date wins over the environment
+    parser = cli.build_parser()
+    spec, name = spec_from_args(parser.parse_args(["base", "--matrix", str(REPO_MATRIX)]))
+    matrix = load_matrix(REPO_MATRIX)
+    assert name == matrix.local_base["name"]
+    assert spec.source_date_epoch == matrix.source_date_epoch
+    assert spec.tag == f"localhost/builder-base:{name}"
+    assert spec.suite == matrix.local_base["suite"]
+    assert spec.packages == tuple(sorted(matrix.local_base["packages"]))
+    flagged, _ = spec_from_args(parser.parse_args(
+        ["base", "--matrix", str(REPO_MATRIX), "--source-date-epoch", "7", "--tag", "localhost/b:1"]))
+    assert (flagged.source_date_epoch, flagged.tag) == (7, "localhost/b:1")
+
+
+def test_named_matrix_that_is_missing_is_an_error(tmp_path, capsys):
+    assert cli.main(["base", "--no-load", "--matrix", str(tmp_path / "nope.toml")]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("builder: error: ") and "nope.toml" in error and len(error.splitlines()) == 1
 
 
 @pytest.mark.engine
