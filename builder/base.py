@@ -32,6 +32,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from builder.engine.base import Engine
 from builder.errors import BuildFailure, UserError
 
 # Runtime needs of a CUDA Python stack on top of Debian's python3: the CUDA user-space libraries come
@@ -238,7 +239,7 @@ def write_image_archive(spec: BaseSpec, rootfs_tar: Path, diff_id: str, archive_
 def make_base(
     spec: BaseSpec,
     output_dir: Path,
-    engine=None,
+    engine: Engine | None = None,
     check_reproducible: bool = False,
     on_line: Callable[[str], None] | None = None,
 ) -> BaseResult:

@@ -170,3 +170,20 @@ def test_ctrl_c_leaves_no_tag_and_no_container(base_image, tmp_path):
         engine._global_args() + ["containers", "--quiet"], capture_output=True, text=True, check=True)
     assert containers.stdout.strip() == ""
     engine.reset_storage()
+
+
+def test_base_with_several_names_is_refused(base_image, tmp_path):
+    engine = BuildahEngine(storage_dir=tmp_path / "storage", export_to_docker=False)
+    engine.load(base_image.archive)
+    try:
+        subprocess.run(engine._global_args() + ["tag", TEST_BASE_TAG, "localhost/second-name:1"],
+                       check=True, capture_output=True)
+        context = write_context(tmp_path / "ctx", f"FROM {TEST_BASE_TAG}\nRUN true\n")
+        with pytest.raises(UserError) as error:
+            engine.build(BuildRequest(context_dir=context, dockerfile=context / "Dockerfile",
+                                      tags=["localhost/engine-test-names:1"], source_date_epoch=EPOCH))
+        assert str(error.value) == (
+            f"base image {TEST_BASE_TAG} also has the names localhost/second-name:1: the digest would "
+            "depend on which name buildah records; remove the extra names (buildah rmi NAME)")
+    finally:
+        engine.reset_storage()

@@ -6,7 +6,7 @@ import pytest
 
 from builder.engine import ENGINE_NAMES, get_engine
 from builder.engine.base import BuildRequest, check_request_inputs, layers_from_history
-from builder.engine.buildah import BuildahEngine
+from builder.engine.buildah import BuildahEngine, base_image_refs
 from builder.engine.docker import BuildKitClient, DockerEngine
 from builder.errors import UserError
 
@@ -127,3 +127,19 @@ def test_layers_pair_with_the_steps_that_made_them():
     # Without a matching history the steps stay unknown rather than wrong.
     unknown = layers_from_history(["sha256:a"], history, [None])
     assert unknown[0].created_by == ""
+
+
+def test_base_image_refs_follow_args_and_skip_stages():
+    dockerfile = """\
+ARG BASE=localhost/builder-base:bookworm
+ARG CUDA
+FROM ${BASE} AS build
+RUN make
+FROM --platform=linux/amd64 build AS final
+FROM scratch
+FROM nvidia/cuda:${CUDA}-devel
+FROM $BASE
+"""
+    assert base_image_refs(dockerfile, {}) == ["localhost/builder-base:bookworm"]
+    assert base_image_refs(dockerfile, {"CUDA": "13.0.1", "BASE": "localhost/other:1"}) == [
+        "localhost/other:1", "nvidia/cuda:13.0.1-devel"]

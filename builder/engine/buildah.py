@@ -9,10 +9,12 @@ byte-for-byte, so the image ID (the digest, see engine/base.py) is the same on b
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from builder.engine._process import run_quiet, run_streaming
@@ -99,6 +101,7 @@ class BuildahEngine:
     def build(self, request: BuildRequest) -> BuildResult:
         self.check()
         check_request_inputs(request)
+        self._check_single_names(request)
         started = time.monotonic()
         with tempfile.TemporaryDirectory(prefix="builder-iid-") as scratch:
             iidfile = Path(scratch) / "iid"
@@ -117,6 +120,22 @@ class BuildahEngine:
             layers=info.layers,
             duration_s=round(time.monotonic() - started, 1),
         )
+
+    def _check_single_names(self, request: BuildRequest) -> None:
+        """buildah records "FROM <name>" in the history, and with a base image known by several
+        names it may record another name than the Dockerfile's (seen with 1.28): the digest would
+        then depend on which names the storage happens to hold. Refuse that case up front."""
+        text = request.dockerfile.read_text(errors="replace")
+        for ref in base_image_refs(text, request.build_args):
+            if not self.exists(ref):
+                continue  # buildah reports a missing base itself
+            names = self._names(ref)
+            if len(names) > 1:
+                others = ", ".join(name for name in names if name != ref) or ", ".join(names)
+                raise UserError(
+                    f"base image {ref} also has the names {others}: the digest would depend on "
+                    f"which name buildah records; remove the extra names (buildah rmi NAME)"
+                )
 
     def _apply_tags(self, image_id: str, tags: tuple[str, ...]) -> None:
         """Tag in buildah's storage and copy into the daemon; on any failure or Ctrl-C, put every
@@ -241,6 +260,29 @@ class BuildahEngine:
             raise UserError("refusing to empty buildah's shared storage: use a private storage_dir")
         run_quiet(self._global_args() + ["rm", "--all"], "buildah rm --all")
         run_quiet(self._global_args() + ["rmi", "--all", "--force"], "buildah rmi --all")
+
+
+_FROM = re.compile(r"^[ \t]*FROM[ \t]+(?:--\S+[ \t]+)*(\S+)(?:[ \t]+AS[ \t]+(\S+))?", re.I | re.M)
+_GLOBAL_ARG = re.compile(r"^[ \t]*ARG[ \t]+(\w+)=(\S+)", re.I | re.M)
+_VARIABLE = re.compile(r"\$(?:\{(\w+)\}|(\w+))")
+
+
+def base_image_refs(dockerfile: str, build_args: Mapping[str, str]) -> list[str]:
+    """The images a Dockerfile builds FROM (not scratch, not its own stages), with ARG values
+    substituted; a reference whose variables are unknown is left out."""
+    first_from = _FROM.search(dockerfile)
+    preamble = dockerfile[: first_from.start()] if first_from else dockerfile
+    values = {name: value.strip("\"'") for name, value in _GLOBAL_ARG.findall(preamble)}
+    values.update(build_args)
+    stages, refs = set(), []
+    for match in _FROM.finditer(dockerfile):
+        unknown = [n for pair in _VARIABLE.findall(match[1]) for n in pair if n and n not in values]
+        ref = _VARIABLE.sub(lambda m: values.get(m[1] or m[2], ""), match[1])
+        if not unknown and ref.lower() != "scratch" and ref not in stages and ref not in refs:
+            refs.append(ref)
+        if match[2]:
+            stages.add(match[2])
+    return refs
 
 
 def _normalise_id(image_id: str) -> str:
