@@ -101,7 +101,7 @@ def build_stack(stack: Stack, engine: Engine, progress: Progress, no_cache: bool
     progress.stage(f"{stack.name}: building {immutable}")
     started = time.monotonic()
     result = engine.build(build_request(stack, candidate, no_cache, progress))
-    durations = {"build": round(result.duration_s, 1)}
+    durations = {"build": result.duration_s, "deliver_to_docker": result.deliver_s}
     try:
         progress.stage(f"{stack.name}: smoke checks in {candidate}")
         smoke_started = time.monotonic()

@@ -239,33 +239,44 @@ def config_differences(first: object, second: object, prefix: str = "") -> tuple
 
 @dataclass(frozen=True)
 class TwoBuilds:
-    archives: tuple[Path, Path]
     image_ids: tuple[str, str]
+    # docker-archives of both builds; empty when the ids matched and saving them was not asked for.
+    archives: tuple[Path, ...] = ()
     durations_s: tuple[float, float] = field(default=(0.0, 0.0))
 
+    @property
+    def identical(self) -> bool:
+        return self.image_ids[0] == self.image_ids[1]
 
-def build_twice(request, base_archives: tuple[Path, ...], workdir: Path) -> TwoBuilds:
+
+def build_twice(request, base_archives: tuple[Path, ...], workdir: Path,
+                save_when_identical: bool = True) -> TwoBuilds:
     """Build `request` twice with buildah, each time in a new, empty storage holding only the base
-    images, and save both results as docker-archives under workdir."""
+    images. Both results are saved as docker-archives under workdir for comparison; with
+    save_when_identical=False only when their ids differ (saving multi-GB images twice costs minutes)."""
     from builder.engine.buildah import BuildahEngine
 
     workdir.mkdir(parents=True, exist_ok=True)
-    archives, image_ids, durations = [], [], []
-    for run in (1, 2):
-        storage = workdir / f"storage-{run}"
-        engine = BuildahEngine(storage_dir=storage, export_to_docker=False)
-        try:
+    engines, image_ids, durations = [], [], []
+    try:
+        for run in (1, 2):
+            engine = BuildahEngine(storage_dir=workdir / f"storage-{run}", export_to_docker=False)
+            engines.append(engine)
             for base in base_archives:
                 engine.load(base)
             result = engine.build(replace(request, no_cache=True))
-            archive = workdir / f"build-{run}.docker.tar"
-            engine.save(result.image_id, archive)
-        finally:
-            _discard_storage(engine, storage)
-        archives.append(archive)
-        image_ids.append(result.image_id)
-        durations.append(result.duration_s)
-    return TwoBuilds(tuple(archives), tuple(image_ids), tuple(durations))
+            image_ids.append(result.image_id)
+            durations.append(result.duration_s)
+        archives = []
+        if save_when_identical or image_ids[0] != image_ids[1]:
+            for run, (engine, image_id) in enumerate(zip(engines, image_ids), start=1):
+                archive = workdir / f"build-{run}.docker.tar"
+                engine.save(image_id, archive)
+                archives.append(archive)
+    finally:
+        for engine in engines:
+            _discard_storage(engine, engine.storage_dir)
+    return TwoBuilds(tuple(image_ids), tuple(archives), tuple(durations))
 
 
 def _discard_storage(engine, storage: Path) -> None:

@@ -103,7 +103,9 @@ class BuildResult:
     tags: tuple[str, ...]
     engine: str
     layers: tuple[Layer, ...]
-    duration_s: float
+    duration_s: float  # the whole build, delivery included
+    # Of which copying the image into the Docker daemon (0 when it was already there or not asked for).
+    deliver_s: float = 0.0
 
 
 class Engine(Protocol):

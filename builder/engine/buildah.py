@@ -111,7 +111,9 @@ class BuildahEngine:
                 on_line=request.progress,
             )
             image_id = _normalise_id(iidfile.read_text().strip())
+        built = time.monotonic()
         self._apply_tags(image_id, request.tags)
+        deliver_s = time.monotonic() - built
         info = self.inspect(image_id)
         return BuildResult(
             image_id=image_id,
@@ -119,6 +121,7 @@ class BuildahEngine:
             engine=self.name,
             layers=info.layers,
             duration_s=round(time.monotonic() - started, 1),
+            deliver_s=round(deliver_s, 1),
         )
 
     def _check_single_names(self, request: BuildRequest) -> None:
@@ -147,7 +150,11 @@ class BuildahEngine:
         try:
             run_quiet(self._global_args() + ["tag", image_id, *tags], "buildah tag")
             if self.export_to_docker:
-                self._push_to_daemon(image_id, tags[0])
+                if self.daemon.image_id(image_id) == image_id:
+                    # Delivered by an earlier build of the same inputs: copying gigabytes again adds nothing.
+                    self.daemon.tag(image_id, tags[0])
+                else:
+                    self._push_to_daemon(image_id, tags[0])
                 for tag in tags[1:]:
                     self.daemon.tag(image_id, tag)
         except BaseException:
