@@ -38,9 +38,18 @@ def _git(*args: str) -> str:
     return result.stdout.strip() if result.returncode == 0 else ""
 
 
-def build_labels() -> dict[str, str]:
-    """Labels that depend on the checkout, not the stack: set at build time, not rendered."""
-    labels = {"org.opencontainers.image.revision": _git("rev-parse", "HEAD") or "unknown"}
+def build_labels(stack: Stack) -> dict[str, str]:
+    """Labels that depend on the checkout, not the stack: set at build time, not rendered.
+
+    The revision is the last commit that changed what the image is built from (its rendered folder,
+    patches, in-image tools), so a commit elsewhere in the repository leaves the digest alone.
+    """
+    dockerfile = render.REPO_ROOT / render.stack_dir(stack) / "Dockerfile"
+    inputs = sorted({render.stack_dir(stack), *tags.copied_sources(dockerfile.read_text(encoding="utf-8"))})
+    revision = _git("log", "-1", "--format=%H", "--", *inputs) or "unknown"
+    if _git("status", "--porcelain", "--", *inputs):
+        revision += "-dirty"
+    labels = {"org.opencontainers.image.revision": revision}
     source = _git("config", "--get", "remote.origin.url")
     if source:
         labels["org.opencontainers.image.source"] = source
@@ -57,7 +66,7 @@ def build_request(stack: Stack, candidate: str, no_cache: bool, progress: Progre
         build_args={"SOURCE_DATE_EPOCH": str(stack.source_date_epoch)},
         add_hosts=network.add_hosts,
         secrets=network.secrets,
-        labels=build_labels(),
+        labels=build_labels(stack),
         no_cache=no_cache,
         progress=progress.line,
     )
