@@ -22,6 +22,7 @@ from urllib.parse import unquote, urlsplit
 
 import requests
 from packaging import tags
+from uv import find_uv_bin
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from builder.errors import BuildFailure, UserError
@@ -61,8 +62,9 @@ class Resolution:
     distributions: tuple[Distribution, ...]  # sorted by name
 
 
-def resolve(stack: Stack, uv: str = "uv") -> Resolution:
+def resolve(stack: Stack, uv: str | None = None) -> Resolution:
     """The stack's pins resolved for its python on PLATFORM; UserError when a source is unreachable."""
+    uv = uv or find_uv_bin()
     indexes = _extra_indexes(stack)
     check_sources_reachable(stack)
     strategy = index_strategy(indexes)
