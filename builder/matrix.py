@@ -201,7 +201,7 @@ class _Loader:
         serve = data["serve"]
         modes = tuple(
             ServeMode(mode, dict(spec["args"]), dict(spec.get("env", {})),
-                      spec.get("requires_draft_model", False), spec.get("reference_tok_s"))
+                      spec.get("requires_draft_model", False))
             for mode, spec in serve["modes"].items()
         )
         return Stack(

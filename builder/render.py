@@ -15,8 +15,10 @@ from typing import Callable
 
 import jinja2
 
+from builder import baselines
 from builder import patches as patch_series
 from builder.errors import UserError
+from builder.matrix import LOCAL_SUFFIX
 from builder.stack import GROUP_ORDER, Stack
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -82,7 +84,14 @@ def is_locked(requirements_text: str) -> bool:
     return not requirements_text.startswith("# UNLOCKED")
 
 
+def pinned_figures(stack: Stack) -> dict[str, float]:
+    """Each serve mode's pinned tok/s (bench/reference.toml); a -local row shares its registry row's."""
+    figures = baselines.load().get(stack.name.removesuffix(LOCAL_SUFFIX), [])
+    return {f["mode"]: f["tok_s"] for f in figures if f["baseline"]}
+
+
 def stack_json(stack: Stack, patches: list[RenderedPatch]) -> dict:
+    pinned = pinned_figures(stack)
     return {
         "schema": 1,
         "stack": stack.name,
@@ -102,7 +111,7 @@ def stack_json(stack: Stack, patches: list[RenderedPatch]) -> dict:
             "modes": {
                 mode.name: {"args": dict(mode.args), "env": dict(mode.env),
                             "requires_draft_model": mode.requires_draft_model,
-                            "reference_tok_s": mode.reference_tok_s}
+                            "reference_tok_s": pinned.get(mode.name)}
                 for mode in stack.serve.modes
             },
         },

@@ -56,7 +56,6 @@ SERVE_MODE = Table({
     "args": Field(AnyTable(_SCALAR + (list,)), required=True),
     "env": Field(AnyTable((str,))),
     "requires_draft_model": Field(bool),
-    "reference_tok_s": Field((int, float)),
 })
 
 # Fields a stack may set; an axis value may set any of these except the identity ones.

@@ -84,7 +84,6 @@ class ServeMode:
     args: dict  # ServerArgs names -> values, in matrix order
     env: dict
     requires_draft_model: bool
-    reference_tok_s: float | None
 
 
 @dataclass(frozen=True)

@@ -56,10 +56,8 @@ def test_serve_profiles_merge_axis_values():
     modes = {m.name: m for m in target.serve.modes}
     assert modes["baseline"].args["attention_backend"] == "flashinfer"
     assert modes["baseline"].args["tp_size"] == 8
-    assert modes["baseline"].reference_tok_s == 89.5
     assert modes["eagle3"].args["speculative_algorithm"] == "EAGLE3"
-    assert modes["eagle3"].requires_draft_model and modes["eagle3"].reference_tok_s == 96.1
-    assert load_matrix(REPO / "matrix.toml").stack("sglang-0.5.9-cu128").serve.modes[1].reference_tok_s == 54.1
+    assert modes["eagle3"].requires_draft_model
 
 
 def test_overrides_carry_the_declared_requirement():

@@ -62,6 +62,12 @@ def test_stack_json_carries_serve_profiles():
     info = json.loads(rendered()["images/sglang-0.5.9-cu130/stack.json"])
     assert info["schema"] == 1 and info["target_arch"] == ["12.0"]
     assert info["serve"]["modes"]["baseline"]["args"]["attention_backend"] == "flashinfer"
+    # Pinned figures come from bench/reference.toml, the one place they are written.
+    assert info["serve"]["modes"]["baseline"]["reference_tok_s"] == 89.5
+    assert info["serve"]["modes"]["eagle3"]["reference_tok_s"] == 96.1
+    previous = json.loads(rendered()["images/sglang-0.5.9-cu128-local/stack.json"])
+    assert previous["serve"]["modes"]["eagle3"]["reference_tok_s"] == 54.1
+    assert previous["serve"]["modes"]["baseline"]["reference_tok_s"] is None
     assert info["distributions"]["torch"] == "2.9.1+cu130"
     assert [p["name"] for p in info["patches"]][0] == "0001-torch-symm-mem-sm120.patch"
 
