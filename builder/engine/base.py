@@ -163,3 +163,23 @@ def layers_from_history(
     return tuple(
         Layer(diff_id=d, size=s, created_by=step) for d, s, step in zip(diff_ids, sizes, steps)
     )
+
+
+def request_flags(request: BuildRequest) -> list[str]:
+    """The flags `buildah build` and `docker build` spell alike, in a stable order."""
+    argv: list[str] = []
+    if request.no_cache:
+        argv.append("--no-cache")
+    if request.target:
+        argv += ["--target", request.target]
+    if request.network:
+        argv += ["--network", request.network]
+    for name, value in request.build_args.items():
+        argv += ["--build-arg", f"{name}={value}"]
+    for name, value in request.labels.items():
+        argv += ["--label", f"{name}={value}"]
+    for host in request.add_hosts:
+        argv += ["--add-host", host]
+    for secret_id, path in request.secrets.items():
+        argv += ["--secret", f"id={secret_id},src={path}"]
+    return argv

@@ -24,6 +24,7 @@ from builder.engine.base import (
     ImageInfo,
     check_request_inputs,
     layers_from_history,
+    request_flags,
 )
 from builder.engine.daemon import DockerDaemon, ImageNotFound
 from builder.errors import BuildFailure, UserError
@@ -72,21 +73,8 @@ class BuildahEngine:
             "--pull=never",
             "--force-rm",
         ]
-        if request.no_cache:
-            argv.append("--no-cache")
-        if request.target:
-            argv += ["--target", request.target]
-        if request.network:
-            argv += ["--network", request.network]
-        for name, value in request.build_args.items():
-            argv += ["--build-arg", f"{name}={value}"]
         argv += ["--build-arg", f"SOURCE_DATE_EPOCH={request.source_date_epoch}"]
-        for name, value in request.labels.items():
-            argv += ["--label", f"{name}={value}"]
-        for host in request.add_hosts:
-            argv += ["--add-host", host]
-        for secret_id, path in request.secrets.items():
-            argv += ["--secret", f"id={secret_id},src={path}"]
+        argv += request_flags(request)
         argv.append(str(request.context_dir))
         return argv
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from builder.engine._process import run_streaming
-from builder.engine.base import BuildRequest, BuildResult, ImageInfo, check_request_inputs
+from builder.engine.base import BuildRequest, BuildResult, ImageInfo, check_request_inputs, request_flags
 from builder.engine.daemon import DockerDaemon
 from builder.errors import UserError
 
@@ -83,20 +83,7 @@ class DockerEngine:
             "--iidfile", str(iidfile),
             "--build-arg", f"SOURCE_DATE_EPOCH={request.source_date_epoch}",
         ]
-        if request.no_cache:
-            argv.append("--no-cache")
-        if request.target:
-            argv += ["--target", request.target]
-        if request.network:
-            argv += ["--network", request.network]
-        for name, value in request.build_args.items():
-            argv += ["--build-arg", f"{name}={value}"]
-        for name, value in request.labels.items():
-            argv += ["--label", f"{name}={value}"]
-        for host in request.add_hosts:
-            argv += ["--add-host", host]
-        for secret_id, path in request.secrets.items():
-            argv += ["--secret", f"id={secret_id},src={path}"]
+        argv += request_flags(request)
         argv.append(str(request.context_dir))
         return argv, env
 
