@@ -14,7 +14,8 @@ def as_json(stacks: tuple[Stack, ...]) -> str:
 
 
 def as_github(stacks: tuple[Stack, ...]) -> str:
-    include = [{"stack": s.name, "cuda": s.cuda, "base": s.base.name, "local_base": s.base.local} for s in stacks]
+    include = [{"stack": s.name, "cuda": s.cuda, "base": s.base.name, "base_image": s.base.reference,
+                "local_base": s.base.local} for s in stacks]
     return json.dumps({"include": include}, sort_keys=True, separators=(",", ":"))
 
 
