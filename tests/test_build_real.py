@@ -154,7 +154,8 @@ def test_smoke_command_inside_the_image(built):
     container_output = docker.from_env().containers.run(
         report["image_id"], ["smoke", "--json"], remove=True, stdout=True, stderr=False).decode()
     results = json.loads(container_output)
-    assert results["passed"] is True
+    assert results["ok"] is True and results["summary"]["fail"] == 0
+    assert results["stack"] == STACK.name
 
 
 def _derived(base_tag: str, tmp_path: Path, name: str, steps: str) -> str:
