@@ -57,6 +57,24 @@ def local_base(env):
     return STACK.base.image
 
 
+# The verify tests come first: two private storages of the full stack need about 30 GB while they
+# run, and the daemon's copy of the built image (another 12 GB) does not exist yet.
+def test_verify_finds_two_clean_builds_identical(local_base, env):
+    result = builder("verify", "--local-base", "sglang-0.5.9-cu128", env=env)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "identical:" in result.stdout
+
+
+def test_verify_names_the_layer_of_a_planted_date(local_base, env, tmp_path):
+    (tmp_path / "Dockerfile").write_text(
+        f"FROM {local_base}\nRUN [\"/bin/sh\", \"-c\", \"echo stable > /stable\"]\n"
+        "RUN [\"/bin/sh\", \"-c\", \"date +%s%N > /built-at\"]\n")
+    result = builder("verify", "--dockerfile", str(tmp_path / "Dockerfile"), "--context", str(tmp_path), env=env)
+    assert result.returncode == 1
+    assert "first differing layer: #3" in result.stdout and "date +%s%N" in result.stdout
+    assert "built-at" in result.stdout and "/stable" not in result.stdout.split("first differing layer")[1]
+
+
 @pytest.fixture(scope="module")
 def built(local_base, env):
     result = builder("build", "--local-base", "--stack", "sglang-0.5.9-cu128", env=env)
@@ -202,19 +220,3 @@ def test_extension_against_another_torch_is_caught(built, tmp_path):
     result = smoke.run_in_image(image)
     docker.from_env().images.remove(image, force=True)
     assert {"versions.torch", "abi.undefined-symbols.sgl-kernel"} <= set(result.failures()), result.table()
-
-
-def test_verify_finds_two_clean_builds_identical(local_base, env):
-    result = builder("verify", "--local-base", "sglang-0.5.9-cu128", env=env)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "identical:" in result.stdout
-
-
-def test_verify_names_the_layer_of_a_planted_date(local_base, env, tmp_path):
-    (tmp_path / "Dockerfile").write_text(
-        f"FROM {local_base}\nRUN [\"/bin/sh\", \"-c\", \"echo stable > /stable\"]\n"
-        "RUN [\"/bin/sh\", \"-c\", \"date +%s%N > /built-at\"]\n")
-    result = builder("verify", "--dockerfile", str(tmp_path / "Dockerfile"), "--context", str(tmp_path), env=env)
-    assert result.returncode == 1
-    assert "first differing layer: #3" in result.stdout and "date +%s%N" in result.stdout
-    assert "built-at" in result.stdout and "/stable" not in result.stdout.split("first differing layer")[1]

@@ -18,7 +18,7 @@ from builder.runtime import elf, smoke_arch
 
 LIBSTDCXX = "/lib/x86_64-linux-gnu/libstdc++.so.6"
 LIBC = "/lib/x86_64-linux-gnu/libc.so.6"
-WHEELS = Path(os.environ.get("SMOKE_WHEEL_CACHE", "/work/cache/wheels"))
+WHEELS = Path(os.environ.get("SMOKE_WHEEL_CACHE", Path.home() / ".cache" / "builder" / "wheels"))
 needs_readelf = pytest.mark.skipif(shutil.which("readelf") is None, reason="readelf not installed")
 
 

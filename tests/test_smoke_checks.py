@@ -16,9 +16,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = REPO / "builder" / "runtime" / "smoke.py"
-VENV = Path(os.environ.get("SMOKE_TEST_VENV", "/work/cache/venvs/smoke-cu128"))
+VENV = Path(os.environ.get("SMOKE_TEST_VENV", Path.home() / ".cache" / "builder" / "smoke-venv-cu128"))
 PYTHON = VENV / "bin" / "python"
-WHEELS = Path(os.environ.get("SMOKE_WHEEL_CACHE", "/work/cache/wheels"))
+WHEELS = Path(os.environ.get("SMOKE_WHEEL_CACHE", Path.home() / ".cache" / "builder" / "wheels"))
 # What the venv holds: the previous deployment stack as the default index ships it, plus
 # what `import sglang.srt.server_args` needs (sglang and flashinfer without their pins).
 STACK_WHEELS = ["torch==2.9.1", "torchvision==0.24.1"]
