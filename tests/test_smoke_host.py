@@ -13,9 +13,10 @@ from builder import smoke
 from builder.cli import main
 from builder.errors import BuildFailure, UserError
 from builder.runtime import smoke_report
+from engine_helpers import TEST_BASE_TAG, base_image  # noqa: F401  (the real mmdebstrap base, in the daemon)
 
 REPO = Path(__file__).resolve().parents[1]
-BASE_IMAGE = "localhost/builder-base:bookworm"  # Debian with python3, present on the engine hosts
+BASE_IMAGE = TEST_BASE_TAG
 
 
 def test_gpus_all_is_a_device_request_for_every_gpu():
@@ -46,21 +47,19 @@ def test_report_round_trips_through_json():
         smoke_report.from_json('{"schema": 7}')
 
 
-def docker_client():
-    docker = pytest.importorskip("docker")
-    try:
-        client = docker.from_env()
-        client.ping()
-        client.images.get(BASE_IMAGE)
-    except Exception as error:  # no daemon or no base image: the engine tests cannot run here
-        pytest.skip(f"Docker engine or {BASE_IMAGE} unavailable: {error}")
-    return client
+@pytest.fixture
+def docker_client(base_image):
+    import docker
+
+    return docker.from_env()
 
 
 @pytest.fixture(scope="module")
-def smoke_image(tmp_path_factory):
+def smoke_image(tmp_path_factory, base_image):
     """A small real image: Debian's python3 as /opt/venv/bin/python, the runtime, a stack.json."""
-    client = docker_client()
+    import docker
+
+    client = docker.from_env()
     context = tmp_path_factory.mktemp("context")
     shutil.copytree(REPO / "builder" / "runtime", context / "runtime",
                     ignore=shutil.ignore_patterns("__pycache__"))
@@ -102,8 +101,8 @@ def test_smoke_in_a_real_container_passes(smoke_image, capsys):
 
 
 @pytest.mark.engine
-def test_report_object_for_builder_build(smoke_image):
-    report = smoke.run_in_image(smoke_image, only=["versions"], client=docker_client())
+def test_report_object_for_builder_build(smoke_image, docker_client):
+    report = smoke.run_in_image(smoke_image, only=["versions"], client=docker_client)
     assert report.passed is False and report.failures() == ["versions.torch",
                                                             "versions.torch-cuda"]
     as_dict = report.to_dict()
@@ -114,14 +113,12 @@ def test_report_object_for_builder_build(smoke_image):
 
 
 @pytest.mark.engine
-def test_image_without_the_program_is_a_build_failure():
-    client = docker_client()
+def test_image_without_the_program_is_a_build_failure(docker_client):
     with pytest.raises(BuildFailure, match=f"smoke checks could not run in {BASE_IMAGE}"):
-        smoke.run_in_image(BASE_IMAGE, client=client)
+        smoke.run_in_image(BASE_IMAGE, client=docker_client)
 
 
 @pytest.mark.engine
-def test_missing_image_is_one_clear_line(capsys):
-    docker_client()
+def test_missing_image_is_one_clear_line(capsys, docker_client):
     assert main(["smoke", "localhost/no-such-image:0"]) == 2
     assert capsys.readouterr().err == "builder: error: image localhost/no-such-image:0 not found\n"
