@@ -18,6 +18,7 @@ from builder import hostnet, lock, render, sbom, smoke, tags
 from builder.engine import get_engine
 from builder.engine.base import BuildRequest, BuildResult, Engine
 from builder.errors import BuildFailure, UserError
+from builder.files import write_atomic
 from builder.progress import Progress
 from builder.stack import Stack
 
@@ -96,9 +97,7 @@ def write_report(stack: Stack, result: BuildResult, smoke_report: dict, duration
     }
     path = render.REPO_ROOT / REPORTS / f"{stack.name}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(path.name + ".tmp")
-    temporary.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    temporary.replace(path)
+    write_atomic(path, json.dumps(report, indent=2, sort_keys=True) + "\n")
     return path
 
 

@@ -22,18 +22,17 @@ import fcntl
 import hashlib
 import json
 import os
-import tempfile
 from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, Iterator
 
 from builder.errors import BuildFailure, UserError
+from builder.files import TEMP_SUFFIX, write_atomic
 from builder.resolve import Resolution, resolve
 from builder.stack import GROUP_ORDER, Stack
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SCHEMA = 1
-_TEMP_SUFFIX = ".tmp"
 
 
 def default_path() -> Path:
@@ -61,37 +60,6 @@ def read(path: Path | None = None) -> dict:
 
 def dumps(data: dict) -> str:
     return json.dumps(data, indent=2, sort_keys=True) + "\n"
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Replace `path` with `text` so a reader sees the old file or the new one, never a torn one."""
-    path = Path(path)
-    descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=_TEMP_SUFFIX, dir=path.parent)
-    try:
-        os.fchmod(descriptor, _mode_for(path))  # mkstemp makes 0600; keep the file's own mode
-        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temporary)
-        raise
-    directory = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(directory)  # the rename itself survives a power cut
-    finally:
-        os.close(directory)
-
-
-def _mode_for(path: Path) -> int:
-    try:
-        return path.stat().st_mode & 0o777
-    except FileNotFoundError:
-        umask = os.umask(0)
-        os.umask(umask)
-        return 0o666 & ~umask
 
 
 @contextlib.contextmanager
@@ -122,7 +90,7 @@ def update(change: Callable[[dict], object], path: Path | None = None) -> dict:
 
 def _remove_stale_temporaries(path: Path) -> None:
     """Left by a writer that died before its rename; no writer is active while we hold the lock."""
-    for leftover in path.parent.glob(f".{path.name}.*{_TEMP_SUFFIX}"):
+    for leftover in path.parent.glob(f".{path.name}.*{TEMP_SUFFIX}"):
         with contextlib.suppress(FileNotFoundError):
             leftover.unlink()
 

@@ -8,6 +8,7 @@ combination of axis values, named `<stack>-<value>...`.
 from __future__ import annotations
 
 import copy
+import difflib
 import itertools
 import re
 import tomllib
@@ -53,8 +54,6 @@ class Matrix:
         rows = {row.name: row for row in self.all_rows()}
         if name in rows:
             return rows[name]
-        import difflib
-
         close = difflib.get_close_matches(name, list(rows), n=1)
         hint = f" (did you mean '{close[0]}'?)" if close else f" (known: {', '.join(rows)})"
         raise UserError(f"unknown stack '{name}'{hint}")
@@ -227,8 +226,6 @@ class _Loader:
     def _registry_base(self, index: int, name: str, axes: tuple) -> Base:
         bases = self.document["bases"]
         if name not in bases:
-            import difflib
-
             close = difflib.get_close_matches(name, list(bases), n=1)
             self.problem(self._axis_path(index, axes, ("base",)),
                          f"unknown base '{name}'" + (f" (did you mean '{close[0]}'?)" if close else ""))

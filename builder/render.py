@@ -18,6 +18,7 @@ import jinja2
 from builder import baselines
 from builder import patches as patch_series
 from builder.errors import UserError
+from builder.files import write_atomic
 from builder.matrix import LOCAL_SUFFIX
 from builder.stack import GROUP_ORDER, Stack
 
@@ -196,9 +197,7 @@ def write(files: dict[str, str], root: Path | None = None) -> list[str]:
         if path.is_file() and path.read_text(encoding="utf-8") == content:
             continue
         path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_name(path.name + ".tmp")
-        temporary.write_text(content, encoding="utf-8")
-        temporary.replace(path)
+        write_atomic(path, content)
         changed.append(relative)
     return changed
 

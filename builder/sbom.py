@@ -24,6 +24,7 @@ from packaging.utils import canonicalize_name
 
 from builder import lock
 from builder.errors import BuildFailure, UserError
+from builder.files import write_atomic
 
 VENV_PYTHON = "/opt/venv/bin/python"
 # Runs under the image's Python: standard library only. One [name, version, sha256|null] per
@@ -110,6 +111,6 @@ def write_image_sbom(stack: str, report_path: str | Path, client: docker.DockerC
     bom = build_bom(stack, image_id, installed, found["distributions"], found["source_date_epoch"])
     path = sbom_path(report_path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    lock.write_atomic(path, JsonV1Dot6(bom).output_as_string(indent=2) + "\n")
+    write_atomic(path, JsonV1Dot6(bom).output_as_string(indent=2) + "\n")
     lock.record_sbom(stack, path, lock_path)
     return path

@@ -109,7 +109,11 @@ class BuildResult:
 
 
 class Engine(Protocol):
-    """A container engine backend. Refs are tags ("name:tag") or image IDs ("sha256:...")."""
+    """A container engine backend. Refs are tags ("name:tag") or image IDs ("sha256:...").
+
+    A typing interface only: BuildahEngine (engine/buildah.py) and DockerEngine (engine/docker.py)
+    implement every method; the bodies here are declarations.
+    """
 
     name: str
     # True when equal inputs give an equal image ID on every clean build (see docs/engines.md).
@@ -124,15 +128,20 @@ class Engine(Protocol):
         On failure or Ctrl-C no request tag is left pointing at a new image.
         """
 
-    def inspect(self, ref: str) -> ImageInfo: ...
+    def inspect(self, ref: str) -> ImageInfo:
+        """Image id, tags, created time, labels and layers (with the step that made each)."""
 
-    def image_digest(self, ref: str) -> str: ...
+    def image_digest(self, ref: str) -> str:
+        """The digest: the image id, sha256 of the config."""
 
-    def exists(self, ref: str) -> bool: ...
+    def exists(self, ref: str) -> bool:
+        """Whether the engine's storage holds `ref`."""
 
-    def tag(self, ref: str, new_tag: str) -> None: ...
+    def tag(self, ref: str, new_tag: str) -> None:
+        """Point `new_tag` at `ref`, in the engine and where it delivers images (the daemon)."""
 
-    def remove(self, ref: str) -> None: ...
+    def remove(self, ref: str) -> None:
+        """Remove the name `ref` (the image itself once no other name holds it)."""
 
     def load(self, archive: Path) -> str:
         """Load a docker-archive tarball (as `docker save` writes); return the image ID."""
