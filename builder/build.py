@@ -1,20 +1,24 @@
 """`builder build`: rendered stack -> image on a real engine -> smoke gate -> tags, report, lock.
 
-A build lands under a candidate tag. Only when the smoke checks pass does the
-immutable tag point at it and the moving tag move; a failed build or smoke
-test leaves every existing tag where it was.
+The engine gets a context assembled from exactly the files the inputs hash covers (builder/context.py),
+so one set of inputs names one image. A build lands under a candidate tag; the immutable tag must not
+already name another image (builder/immutable.py); only when the smoke checks pass does the
+immutable tag point at it and the moving tag move. A failed build or smoke test leaves every
+existing tag where it was. What the image is (report, SBOM) is tracked and reproducible; how this
+run went (commit, host, times) goes to the provenance record, which is not.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
+import tempfile
 import time
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 
-from builder import hostnet, lock, render, sbom, smoke, tags
+from builder import context, hostnet, immutable, lock, provenance, render, sbom, smoke, tags
 from builder.engine import get_engine
 from builder.engine.base import BuildRequest, BuildResult, Engine
 from builder.errors import BuildFailure, UserError
@@ -32,45 +36,43 @@ class BuildOutcome:
     immutable_tag: str
     moving_tag: str
     report_path: Path
+    provenance_path: Path
+    durations_s: dict
 
 
-def _git(*args: str) -> str:
-    result = subprocess.run(["git", "-C", str(render.REPO_ROOT), *args], capture_output=True, text=True)
-    return result.stdout.strip() if result.returncode == 0 else ""
-
-
-def build_labels(stack: Stack) -> dict[str, str]:
-    """Labels that depend on the checkout, not the stack: set at build time, not rendered.
-
-    The revision is the last commit that changed what the image is built from (its rendered folder,
-    patches, in-image tools), so a commit elsewhere in the repository leaves the digest alone.
-    """
-    dockerfile = render.REPO_ROOT / render.stack_dir(stack) / "Dockerfile"
-    inputs = sorted({render.stack_dir(stack), *tags.copied_sources(dockerfile.read_text(encoding="utf-8"))})
-    revision = _git("log", "-1", "--format=%H", "--", *inputs) or "unknown"
-    if _git("status", "--porcelain", "--", *inputs):
-        revision += "-dirty"
-    labels = {"org.opencontainers.image.revision": revision}
-    source = _git("config", "--get", "remote.origin.url")
-    if source:
-        labels["org.opencontainers.image.source"] = source
-    return labels
-
-
-def build_request(stack: Stack, candidate: str, no_cache: bool, progress: Progress) -> BuildRequest:
+def build_request(stack: Stack, context_dir: Path, dockerfile: Path, candidate: str, no_cache: bool,
+                  progress: Progress) -> BuildRequest:
     network = hostnet.host_network()
     return BuildRequest(
-        context_dir=render.REPO_ROOT,
-        dockerfile=render.REPO_ROOT / render.stack_dir(stack) / "Dockerfile",
+        context_dir=context_dir,
+        dockerfile=dockerfile,
         tags=(candidate,),
         source_date_epoch=stack.source_date_epoch,
         build_args={"SOURCE_DATE_EPOCH": str(stack.source_date_epoch)},
         add_hosts=network.add_hosts,
         secrets=network.secrets,
-        labels=build_labels(stack),
         no_cache=no_cache,
         progress=progress.line,
     )
+
+
+def locked_base_digest(stack: Stack, entry: dict | None) -> str:
+    """The base digest the inputs name: the lock's (learnt by `builder base` or a pull), else the matrix's."""
+    return ((entry or {}).get("base") or {}).get("digest") or stack.base.digest
+
+
+def check_base(stack: Stack, engine: Engine, digest: str) -> None:
+    """A local base is known by a tag, so the image id behind it must be the one the lock records."""
+    if not stack.base.local:
+        return
+    if not digest:
+        raise UserError(f"{stack.name}: matrix.lock records no digest for the local base: run `builder base`")
+    held = engine.image_digest(stack.base.image) if engine.exists(stack.base.image) else None
+    if held is None:
+        raise UserError(f"{stack.name}: base image {stack.base.image} is not in {engine.name}: run `builder base`")
+    if held != digest:
+        raise UserError(f"{stack.name}: base image {stack.base.image} is {held} in {engine.name}, matrix.lock "
+                        f"records {digest}: run `builder base` (it records the digest it makes)")
 
 
 def patch_layer_sizes(result: BuildResult) -> list[dict]:
@@ -81,67 +83,102 @@ def patch_layer_sizes(result: BuildResult) -> list[dict]:
     ]
 
 
-def write_report(stack: Stack, result: BuildResult, smoke_report: dict, durations: dict,
-                 immutable: str, moving: str) -> Path:
+def write_report(path: Path, stack: Stack, inputs: context.BuildInputs, result: BuildResult, config: dict,
+                 smoke_report: dict, tag_names: list[str]) -> None:
+    """What the image is: a function of the image and its inputs, never of the run (no times, no host),
+    so rebuilding the same image rewrites the same bytes."""
     report = {
         "stack": stack.name,
         "engine": result.engine,
         "image_id": result.image_id,
         "digest": result.image_id,
-        "tags": [immutable, moving] if smoke_report.get("passed") else [],
+        "tags": tag_names,
         "source_date_epoch": stack.source_date_epoch,
+        "inputs": {
+            "hash": inputs.hash,
+            "base": f"{inputs.base_reference}@{inputs.base_digest or 'unpinned'}",
+            "files": [{"path": f.path, "mode": f"{f.mode:o}", "sha256": f.sha256} for f in inputs.files],
+        },
         "layers": [{"diff_id": l.diff_id, "bytes": l.size, "step": l.created_by} for l in result.layers],
+        # The config whose sha256 is the image id: what `builder verify --against-lock` compares without the image.
+        "config": dict(config),
         "patch_layers": patch_layer_sizes(result),
         "smoke": smoke_report,
-        "durations_s": durations,
     }
-    path = render.REPO_ROOT / REPORTS / f"{stack.name}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, json.dumps(report, indent=2, sort_keys=True) + "\n")
-    return path
 
 
-def build_stack(stack: Stack, engine: Engine, progress: Progress, no_cache: bool = False) -> BuildOutcome:
-    render.require_locked(stack)
-    inputs = tags.inputs_hash(stack)
-    candidate = tags.candidate_tag(stack, inputs)
-    immutable, moving = tags.immutable_tag(stack, inputs), tags.moving_tag(stack)
-    progress.stage(f"{stack.name}: building {immutable}")
-    started = time.monotonic()
-    result = engine.build(build_request(stack, candidate, no_cache, progress))
+def _build_in_context(engine: Engine, stack: Stack, inputs: context.BuildInputs, root: Path, candidate: str,
+                      no_cache: bool, progress: Progress) -> BuildResult:
+    with tempfile.TemporaryDirectory(prefix="builder-context-") as scratch:
+        context_dir = Path(scratch) / "context"
+        dockerfile = context.assemble(inputs, root, context_dir)
+        return engine.build(build_request(stack, context_dir, dockerfile, candidate, no_cache, progress))
+
+
+def build_stack(stack: Stack, engine: Engine, progress: Progress, root: Path, no_cache: bool = False,
+                external: dict | None = None) -> BuildOutcome:
+    render.require_locked(stack, root)
+    lock_path = lock.path_for(root)
+    entry = lock.check_current(stack, lock_path)
+    base_digest = locked_base_digest(stack, entry)
+    check_base(stack, engine, base_digest)
+    inputs = context.build_inputs(stack, root, base_digest)
+    candidate = tags.candidate_tag(stack, inputs.hash)
+    immutable_tag, moving = tags.immutable_tag(stack, inputs.hash), tags.moving_tag(stack)
+    report_path = root / REPORTS / f"{stack.name}.json"
+    started_on, started = datetime.now(timezone.utc), time.monotonic()
+    progress.stage(f"{stack.name}: building {immutable_tag}")
+    result = _build_in_context(engine, stack, inputs, root, candidate, no_cache, progress)
     durations = {"build": result.duration_s, "deliver_to_docker": result.deliver_s}
     try:
+        immutable.check(engine, immutable_tag, result.image_id)
         progress.stage(f"{stack.name}: smoke checks in {candidate}")
         smoke_started = time.monotonic()
         report = smoke.run_in_image(candidate)
         durations["smoke"] = round(time.monotonic() - smoke_started, 1)
         smoke_result = report.to_dict()
         progress.block(report.table())
-        durations["total"] = round(time.monotonic() - started, 1)
-        report_path = write_report(stack, result, smoke_result, durations, immutable, moving)
         if not smoke_result["passed"]:
-            lock.record_smoke(stack.name, passed=False, report=smoke_result, image_id=result.image_id)
-            raise BuildFailure(f"{stack.name}: smoke checks failed; {immutable} not tagged (report: {report_path})")
-        engine.tag(candidate, immutable)
+            lock.record_smoke(stack.name, passed=False, report=smoke_result, image_id=result.image_id, path=lock_path)
+            raise BuildFailure(f"{stack.name}: smoke checks failed; {immutable_tag} not tagged")
+        engine.tag(candidate, immutable_tag)
         engine.tag(candidate, moving)
     finally:
         engine.remove(candidate)
-    lock.record_build(stack, image_id=result.image_id, tags=[immutable, moving],
-                      report_path=str(report_path.relative_to(render.REPO_ROOT)))
-    lock.record_smoke(stack.name, passed=True, report=smoke_result, image_id=result.image_id)
-    sbom_path = sbom.write_image_sbom(stack.name, report_path)
-    progress.stage(f"{stack.name}: SBOM {sbom_path.relative_to(render.REPO_ROOT)}")
-    progress.stage(f"{stack.name}: {immutable} = {result.image_id} ({durations['total']} s)")
-    return BuildOutcome(stack.name, result.image_id, immutable, moving, report_path)
+    write_report(report_path, stack, inputs, result, engine.inspect(result.image_id).config, smoke_result,
+                 [immutable_tag, moving])
+    sbom_path = sbom.write_bom(sbom.sbom_path(report_path), stack.name, result.image_id,
+                               entry["distributions"], stack.source_date_epoch)
+    durations["total"] = round(time.monotonic() - started, 1)
+    statement = provenance.statement(
+        inputs, image_id=result.image_id, immutable_tag=immutable_tag, engine=engine.name,
+        engine_version=engine.version(), source=provenance.source_state(root), distributions=entry["distributions"],
+        started=started_on, finished=datetime.now(timezone.utc), durations_s=durations,
+        external={"engine": engine.name, "no_cache": no_cache, "local_base": stack.base.local, **(external or {})},
+    )
+    provenance_path = provenance.write(report_path, statement)
+    lock.record_build(stack, lock.ImageRecord(
+        image_id=result.image_id, tags=(immutable_tag, moving), inputs_hash=inputs.hash, base_digest=base_digest,
+        source_date_epoch=stack.source_date_epoch, report=_relative(report_path, root),
+        provenance=_relative(provenance_path, root), sbom=_relative(sbom_path, root),
+    ), smoke_result, lock_path)
+    progress.stage(f"{stack.name}: {immutable_tag} = {result.image_id} ({durations['total']} s)")
+    return BuildOutcome(stack.name, result.image_id, immutable_tag, moving, report_path, provenance_path, durations)
 
 
-def build_all(stacks: tuple[Stack, ...], engine_name: str, no_cache: bool = False) -> list[BuildOutcome]:
+def _relative(path: Path, root: Path) -> str:
+    return path.relative_to(root).as_posix()
+
+
+def build_all(stacks: tuple[Stack, ...], engine_name: str, root: Path, no_cache: bool = False) -> list[BuildOutcome]:
     if not stacks:
         raise UserError("no stack selected")
     engine = get_engine(engine_name)
     engine.check()
     progress = Progress.for_environment()
-    return [build_stack(stack, engine, progress, no_cache) for stack in stacks]
+    return [build_stack(stack, engine, progress, root, no_cache) for stack in stacks]
 
 
 def default_engine() -> str:

@@ -6,8 +6,8 @@ group), the image (id, digest, tags, build report, SBOM), the smoke result, the 
 figures (reference baselines and measurements, each with hardware and model) and a status:
 
     resolved      `builder lock` hashed the pins; no image yet
-    built         an image was built from them
-    smoke-passed  that image passed its smoke checks
+    smoke-passed  `builder build` recorded an image that passed its smoke checks (nothing else is recorded)
+    built         the recorded image failed a later smoke run
     pinned        `builder pin` promoted it (smoke passed; reference figures recorded)
 
 Every change is a read-modify-write under an exclusive flock on a sidecar file (two writers both
@@ -22,7 +22,7 @@ import fcntl
 import hashlib
 import json
 import os
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -33,11 +33,16 @@ from builder.stack import GROUP_ORDER, Stack
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SCHEMA = 1
+FILE_NAME = "matrix.lock"
+
+
+def path_for(root: Path) -> Path:
+    """The project's matrix.lock (beside its matrix.toml); BUILDER_LOCK points elsewhere (tests, scratch runs)."""
+    return Path(os.environ.get("BUILDER_LOCK") or Path(root) / FILE_NAME)
 
 
 def default_path() -> Path:
-    """The repository's matrix.lock; BUILDER_LOCK points elsewhere (tests, scratch runs)."""
-    return Path(os.environ.get("BUILDER_LOCK") or REPO_ROOT / "matrix.lock")
+    return path_for(REPO_ROOT)
 
 
 # --- file access -------------------------------------------------------------------------------
@@ -111,14 +116,14 @@ def _entry_in(data: dict, stack: Stack | str) -> dict:
     return found
 
 
-def _relative(path: str | Path | None) -> str | None:
-    """Paths inside the repository are stored relative to it, so the lock reads the same anywhere."""
+def _relative(path: str | Path | None, root: Path = REPO_ROOT) -> str | None:
+    """Paths inside the project are stored relative to it, so the lock reads the same anywhere."""
     if path is None:
         return None
     path = Path(path)
     if path.is_absolute():
         with contextlib.suppress(ValueError):
-            return path.relative_to(REPO_ROOT).as_posix()
+            return path.relative_to(root).as_posix()
     return path.as_posix()
 
 
@@ -168,7 +173,6 @@ def lock_stacks(
             distributions = _distributions(resolution)
             fresh = {
                 "stack": stack.name,
-                "input_hash": stack.input_hash,
                 "pins_hash": pins_hash(stack),
                 "python": resolution.python,
                 "platform": resolution.platform,
@@ -271,34 +275,50 @@ def record_base(base_name: str, digest: str, path: Path | None = None) -> list[s
     return updated
 
 
-def record_build(
-    stack: Stack | str,
-    image_id: str,
-    tags: list[str] | tuple[str, ...],
-    report_path: str | Path,
-    image_digest: str | None = None,
-    path: Path | None = None,
-) -> None:
-    """A new image of the stack: `tags` lists the immutable tag first, then moving ones. Anything
-    learnt about an earlier image (smoke, push, measurements, pin) no longer applies."""
-    if not tags:
+@dataclass(frozen=True)
+class ImageRecord:
+    """A built image as the lock keeps it: what it is, what it was made from, where its records are."""
+
+    image_id: str
+    tags: tuple[str, ...]  # the immutable tag first, then moving ones
+    inputs_hash: str
+    base_digest: str
+    source_date_epoch: int
+    report: str  # paths relative to the project
+    provenance: str
+    sbom: str | None = None
+
+
+def record_build(stack: Stack | str, image: ImageRecord, smoke: dict, path: Path | None = None) -> None:
+    """A built image that passed its smoke checks, recorded in one write. Rebuilding the image the lock
+    already records keeps what was learnt about it (push, measurements, pin); a new image starts over."""
+    if not image.tags:
         raise ValueError("record_build needs the immutable tag")
 
     def change(data: dict) -> None:
         found = _entry_in(data, stack)
-        if isinstance(stack, Stack):
-            found["input_hash"] = stack.input_hash
+        same_image = (found.get("image") or {}).get("id") == image.image_id
+        previous = found.get("image") or {}
         found["image"] = {
-            "id": image_id,
-            "digest": image_digest,
-            "immutable_tag": tags[0],
-            "tags": list(tags),
-            "report": _relative(report_path),
-            "sbom": None,
+            "id": image.image_id,
+            "digest": previous.get("digest") if same_image else None,
+            "immutable_tag": image.tags[0],
+            "tags": list(image.tags),
+            "inputs_hash": image.inputs_hash,
+            "base_digest": image.base_digest,
+            "source_date_epoch": image.source_date_epoch,
+            "report": image.report,
+            "provenance": image.provenance,
+            "sbom": image.sbom if image.sbom is not None else (previous.get("sbom") if same_image else None),
         }
-        found.update(status="built", smoke=None, push=None)
-        found.pop("pinned", None)
-        found["bench"]["measured"] = []
+        found["smoke"] = {"image_id": image.image_id, "passed": True, "report": smoke}
+        found.pop("rejected_candidate", None)
+        if not same_image:
+            found.update(status="smoke-passed", push=None)
+            found.pop("pinned", None)
+            found["bench"]["measured"] = []
+        elif found.get("status") not in ("smoke-passed", "pinned"):
+            found["status"] = "smoke-passed"
 
     update(change, path)
 

@@ -47,6 +47,11 @@ class Matrix:
     local_base: dict
     source_date_epoch: int
 
+    @property
+    def root(self) -> Path:
+        """The project: the directory holding the matrix (its lock, renders, patches and reports)."""
+        return self.path.resolve().parent
+
     def all_rows(self) -> tuple[Stack, ...]:
         return self.registry_stacks + self.local_stacks
 
@@ -220,6 +225,7 @@ class _Loader:
             bench=Bench(**data["bench"]),
             source_date_epoch=defaults["source_date_epoch"],
             repository=defaults["repository"],
+            source_url=defaults.get("source_url", ""),
             source_line=self.positions.line(("stack", index)) or 1,
         )
 

@@ -22,7 +22,6 @@ from cyclonedx.output.json import JsonV1Dot6
 from packageurl import PackageURL
 from packaging.utils import canonicalize_name
 
-from builder import lock
 from builder.errors import BuildFailure, UserError
 from builder.files import write_atomic
 
@@ -96,21 +95,15 @@ def sbom_path(report_path: str | Path) -> Path:
     return report_path.with_name(report_path.stem + ".cdx.json")
 
 
-def write_image_sbom(stack: str, report_path: str | Path, client: docker.DockerClient | None = None,
-                     python: str = VENV_PYTHON, lock_path: Path | None = None) -> Path:
-    """SBOM of the stack's recorded image, written beside its build report and recorded in the lock."""
-    found = lock.entry(stack, lock_path)
-    if not found or not found.get("image"):
-        raise UserError(f"{stack}: no image recorded in matrix.lock to describe")
+def write_bom(path: Path, stack: str, image_id: str, distributions: dict, source_date_epoch: int,
+              client: docker.DockerClient | None = None, python: str = VENV_PYTHON) -> Path:
+    """SBOM of a built image: what its Python sees, with the lock's hashes and groups; returns its path."""
     if client is None:
         from builder.registry import docker_client
 
         client = docker_client()
-    image_id = found["image"]["id"]
     installed = installed_distributions(image_id, client, python)
-    bom = build_bom(stack, image_id, installed, found["distributions"], found["source_date_epoch"])
-    path = sbom_path(report_path)
+    bom = build_bom(stack, image_id, installed, distributions, source_date_epoch)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, JsonV1Dot6(bom).output_as_string(indent=2) + "\n")
-    lock.record_sbom(stack, path, lock_path)
     return path

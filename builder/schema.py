@@ -94,6 +94,8 @@ MATRIX = Table({
         "source_date_epoch": Field(int, required=True),
         "base_source": Field(str),
         "repository": Field(str, required=True),
+        # The project's public repository URL for the image's source label; the clone's remote never is.
+        "source_url": Field(str),
     }), required=True),
     "bases": Field(TableMap(Table({
         "image": Field(str, required=True),

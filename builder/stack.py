@@ -6,8 +6,6 @@ constructs or changes them, and nothing downstream re-reads matrix.toml.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import asdict, dataclass, field
 
 from packaging.utils import canonicalize_name
@@ -121,6 +119,7 @@ class Stack:
     source_date_epoch: int
     repository: str
     source_line: int = field(default=0, compare=False)  # [[stack]] line in matrix.toml
+    source_url: str = ""  # the project's public repository, from the matrix (never from the clone)
 
     def package(self, name: str) -> Package | None:
         wanted = canonicalize_name(name)
@@ -143,9 +142,3 @@ class Stack:
         data = asdict(self)
         data.pop("source_line")
         return data
-
-    @property
-    def input_hash(self) -> str:
-        """Hash of everything the row says; part of the immutable tag."""
-        encoded = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(encoded.encode()).hexdigest()

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
+import stat
 import tarfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -69,8 +71,10 @@ class Comparison:
                 lines.append(f"  {difference.path}: {difference.what}")
             if len(self.files) > _MAX_FILES_LISTED:
                 lines.append(f"  ... and {len(self.files) - _MAX_FILES_LISTED} more files")
-        elif self.config_fields:
-            lines.append(f"all layers equal; image config differs in: {', '.join(self.config_fields)}")
+        if self.config_fields:
+            lead = "all layers equal; image config differs in" if self.layer_index is None else \
+                "the image config differs too, in"
+            lines.append(f"{lead}: {', '.join(self.config_fields)}")
         return lines
 
 
@@ -171,6 +175,34 @@ def layer_entries(image: ImageArchive, layer: LayerRef) -> dict[str, tuple]:
                 member.size, content, member.linkname,
             )
     return entries
+
+
+def tree_entries(root: Path) -> dict[str, tuple]:
+    """The same view as layer_entries, of a mounted root filesystem (every file, not one layer's)."""
+    entries: dict[str, tuple] = {}
+    for directory, subdirectories, files in os.walk(root):
+        for name in subdirectories + files:
+            path = Path(directory) / name
+            info = path.lstat()
+            content, link, kind = "", "", tarfile.DIRTYPE
+            if stat.S_ISREG(info.st_mode):
+                kind, content = tarfile.REGTYPE, _file_sha256(path)
+            elif stat.S_ISLNK(info.st_mode):
+                kind, link = tarfile.SYMTYPE, os.readlink(path)
+            elif not stat.S_ISDIR(info.st_mode):
+                kind = tarfile.CHRTYPE if stat.S_ISCHR(info.st_mode) else tarfile.FIFOTYPE
+            size = info.st_size if kind == tarfile.REGTYPE else 0
+            entries[path.relative_to(root).as_posix()] = (
+                kind, stat.S_IMODE(info.st_mode), info.st_uid, info.st_gid, int(info.st_mtime), size, content, link)
+    return entries
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as stream:
+        while chunk := stream.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 _FIELDS = ("type", "mode", "uid", "gid", "mtime", "size", "content", "link target")
@@ -275,11 +307,11 @@ def build_twice(request, base_archives: tuple[Path, ...], workdir: Path,
                 archives.append(archive)
     finally:
         for engine in engines:
-            _discard_storage(engine, engine.storage_dir)
+            discard_storage(engine, engine.storage_dir)
     return TwoBuilds(tuple(image_ids), tuple(archives), tuple(durations))
 
 
-def _discard_storage(engine, storage: Path) -> None:
+def discard_storage(engine, storage: Path) -> None:
     try:
         engine.reset_storage()
     except BuildFailure:

@@ -161,7 +161,6 @@ def test_entry_records_base_epoch_hashes_overrides_and_references(path):
     assert entry["base"] == {"name": "cuda-12.8.1", "image": "nvidia/cuda:12.8.1-cudnn-devel-ubuntu24.04",
                              "digest": "", "local": False}
     assert entry["source_date_epoch"] == 1767225600
-    assert entry["input_hash"] == CU128.input_hash
     assert entry["distributions"]["flashinfer-python"]["version"] == "0.6.4"
     assert entry["distributions"]["flashinfer-python"]["group"] == "kernels"
     assert {o["package"]: o["version"] for o in entry["overrides"]} == {"flashinfer-python": "0.6.4",
@@ -200,20 +199,32 @@ def test_requirements_for_unlocked_and_stale_stacks(path):
 # --- the status lifecycle ------------------------------------------------------------------
 
 
+def image_record(image=IMAGE, inputs_hash="f" * 64):
+    return lock.ImageRecord(
+        image_id=image, tags=("sglang:0.5.9-cu128-abc", "sglang:0.5.9-cu128"), inputs_hash=inputs_hash,
+        base_digest="", source_date_epoch=CU128.source_date_epoch, report="build-reports/sglang-0.5.9-cu128.json",
+        provenance="build-reports/sglang-0.5.9-cu128.provenance.json", sbom="build-reports/sglang-0.5.9-cu128.cdx.json")
+
+
 def built(path, image=IMAGE):
-    lock.record_build(CU128, image_id=image, tags=["sglang:0.5.9-cu128-abc", "sglang:0.5.9-cu128"],
-                      report_path=REPO / "build-reports" / "sglang-0.5.9-cu128.json", path=path)
+    """A build that passed its smoke checks: `builder build` records nothing else."""
+    lock.record_build(CU128, image_record(image), {"passed": True, "checks": []}, path=path)
 
 
-def test_build_then_smoke_then_pin(path):
+def test_build_records_its_whole_outcome_in_one_write_then_pin(path, monkeypatch):
     locked(path)
+    writes = []
+    real_write = lock.write_atomic
+    monkeypatch.setattr(lock, "write_atomic", lambda *a: (writes.append(a[0]), real_write(*a)))
     built(path)
+    assert writes == [path]
     entry = lock.entry(CU128, path)
-    assert entry["status"] == "built"
+    assert entry["status"] == "smoke-passed"
+    assert entry["smoke"] == {"image_id": IMAGE, "passed": True, "report": {"passed": True, "checks": []}}
     assert entry["image"]["immutable_tag"] == "sglang:0.5.9-cu128-abc"
     assert entry["image"]["report"] == "build-reports/sglang-0.5.9-cu128.json"
-    lock.record_smoke(CU128.name, passed=True, report={"passed": True, "checks": []}, path=path)
-    assert lock.entry(CU128, path)["status"] == "smoke-passed"
+    assert entry["image"]["provenance"] == "build-reports/sglang-0.5.9-cu128.provenance.json"
+    assert (entry["image"]["inputs_hash"], entry["image"]["source_date_epoch"]) == ("f" * 64, 1767225600)
     references = baselines.load(stacks=MATRIX.all_rows())[CU128.name]
     pinned = lock.pin(CU128, references, path)
     assert pinned["status"] == "pinned" == lock.entry(CU128, path)["status"]
@@ -226,11 +237,9 @@ def test_pin_refuses_an_image_that_has_not_passed_smoke(path):
         lock.pin(CU128, [], path)
     built(path)
     before = path.read_bytes()
+    lock.record_smoke(CU128.name, passed=False, report={"passed": False}, path=path)
     with pytest.raises(UserError, match=rf"^sglang-0.5.9-cu128 cannot be pinned: its image {IMAGE} has not "
                                         r"passed smoke \(status built\)$"):
-        lock.pin(CU128, [], path)
-    lock.record_smoke(CU128.name, passed=False, report={"passed": False}, path=path)
-    with pytest.raises(UserError, match="has not passed smoke"):
         lock.pin(CU128, [], path)
     assert lock.entry(CU128, path)["status"] == "built"
     assert before != path.read_bytes()  # the failed smoke was recorded
@@ -239,7 +248,6 @@ def test_pin_refuses_an_image_that_has_not_passed_smoke(path):
 def test_a_failed_candidate_does_not_touch_the_recorded_image(path):
     locked(path)
     built(path)
-    lock.record_smoke(CU128.name, passed=True, report={"passed": True}, path=path)
     lock.pin(CU128, [], path)
     lock.record_smoke(CU128.name, passed=False, report={"passed": False}, image_id=OTHER_IMAGE, path=path)
     entry = lock.entry(CU128, path)
@@ -247,17 +255,29 @@ def test_a_failed_candidate_does_not_touch_the_recorded_image(path):
     assert entry["rejected_candidate"]["image_id"] == OTHER_IMAGE
 
 
-def test_a_new_build_clears_smoke_push_measurements_and_pin(path):
+def _pushed_measured_and_pinned(path):
     locked(path)
     built(path)
-    lock.record_smoke(CU128.name, passed=True, report={"passed": True}, path=path)
     lock.record_bench(CU128, bench_report(), "bench.json", path=path)
     lock.record_push(CU128.name, "127.0.0.1:5000", "sglang", "0.5.9-cu128-abc", "sha256:" + "d" * 64, path=path)
     lock.pin(CU128, [], path)
+
+
+def test_a_new_image_clears_push_measurements_and_pin(path):
+    _pushed_measured_and_pinned(path)
     built(path, OTHER_IMAGE)
     entry = lock.entry(CU128, path)
-    assert (entry["status"], entry["smoke"], entry["push"], entry["bench"]["measured"]) == ("built", None, None, [])
+    assert (entry["status"], entry["push"], entry["bench"]["measured"]) == ("smoke-passed", None, [])
+    assert entry["smoke"]["image_id"] == OTHER_IMAGE and entry["image"]["digest"] is None
     assert "pinned" not in entry
+
+
+def test_rebuilding_the_recorded_image_keeps_what_was_learnt_about_it(path):
+    _pushed_measured_and_pinned(path)
+    before = lock.entry(CU128, path)
+    built(path)
+    after = lock.entry(CU128, path)
+    assert after == before and after["status"] == "pinned" and after["image"]["digest"] == "sha256:" + "d" * 64
 
 
 def test_relocking_the_same_distributions_keeps_the_image_and_the_base_digest(path):
@@ -265,7 +285,6 @@ def test_relocking_the_same_distributions_keeps_the_image_and_the_base_digest(pa
     assert lock.record_base("debian-bookworm", "sha256:" + "e" * 64, path=path) == []
     lock.record_base("cuda-12.8.1", "sha256:" + "e" * 64, path=path)
     built(path)
-    lock.record_smoke(CU128.name, passed=True, report={"passed": True}, path=path)
     locked(path)
     assert lock.entry(CU128, path)["status"] == "smoke-passed"
     assert lock.entry(CU128, path)["base"]["digest"] == "sha256:" + "e" * 64
@@ -277,7 +296,6 @@ def test_relocking_the_same_distributions_keeps_the_image_and_the_base_digest(pa
 def test_bench_regression_is_recorded_and_refuses_the_pin(path, tmp_path):
     locked(path)
     built(path)
-    lock.record_smoke(CU128.name, passed=True, report={"passed": True}, path=path)
     report = tmp_path / "bench-eagle3.json"
     report.write_text(json.dumps(bench_report(tok_s=40.0, verdict="regression")))
     with pytest.raises(BuildFailure, match="^sglang-0.5.9-cu128 cannot be pinned: bench regression in eagle3$"):
@@ -308,4 +326,4 @@ def test_bench_report_for_another_stack_or_malformed_is_refused(path, tmp_path):
 def test_records_for_a_stack_never_locked_say_how_to_lock_it(path):
     locked(path)
     with pytest.raises(UserError, match=r"^sglang-0.5.9-cu130 is not in matrix.lock: run `builder lock --stack sglang-0.5.9-cu130` first$"):
-        lock.record_build(CU130, image_id=IMAGE, tags=["t"], report_path="r.json", path=path)
+        lock.record_build(CU130, image_record(), {"passed": True}, path=path)

@@ -67,13 +67,12 @@ def test_pin_refuses_a_stack_that_was_never_built(lock_path, capsys):
                    "run `builder lock --stack sglang-0.5.9-cu128` first\n")
 
 
-def test_pin_promotes_a_smoke_tested_image_with_its_reference_figures(lock_path, tmp_path, capsys):
+def test_pin_promotes_a_smoke_tested_image_with_its_reference_figures(lock_path, tmp_path, capsys, record_image):
     from test_lock import IMAGE, bench_report, resolution_of  # the same fixtures as the lock tests
 
     stack = MATRIX.stack("sglang-0.5.9-cu130")
     lock.lock_stacks([stack], resolver=resolution_of)
-    lock.record_build(stack, image_id=IMAGE, tags=["sglang:0.5.9-cu130-abc"], report_path="r.json")
-    lock.record_smoke(stack.name, passed=True, report={"passed": True})
+    record_image(stack, IMAGE, ["sglang:0.5.9-cu130-abc"])
     report = tmp_path / "bench.json"
     report.write_text(json.dumps(bench_report(mode="baseline", tok_s=90.2, stack=stack.name)))
     status, out, err = run(capsys, "pin", stack.name, "--bench", str(report))

@@ -156,9 +156,9 @@ def path(tmp_path, monkeypatch):
     return lock_path
 
 
-def built(path, image):
-    lock.record_build(STACK, image_id=image["id"], tags=[image["immutable"]], report_path="r.json", path=path)
-    lock.record_smoke(STACK.name, passed=True, report={"passed": True}, path=path)
+@pytest.fixture
+def built(record_image):
+    return lambda path, image: record_image(STACK, image["id"], [image["immutable"]], path)
 
 
 class Sleeps:
@@ -174,7 +174,7 @@ class Sleeps:
             self.between(len(self.delays))
 
 
-def test_push_then_pull_by_digest(client, live_registry, image, path, capsys):
+def test_push_then_pull_by_digest(client, live_registry, image, path, capsys, built):
     built(path, image)
     pushed = registry.push(STACK.name, live_registry.host, client=client, lock_path=path)
     digest = live_registry.manifest_digest(image["repository"], "0.5.9-cu128-abc123")
@@ -196,7 +196,7 @@ def test_push_then_pull_by_digest(client, live_registry, image, path, capsys):
     assert f"{live_registry.host}/{image['repository']}@{digest}" in pulled.attrs["RepoDigests"]
 
 
-def test_push_command_prints_the_digest_reference(client, live_registry, image, path, capsys):
+def test_push_command_prints_the_digest_reference(client, live_registry, image, path, capsys, built):
     built(path, image)
     assert main(["push", STACK.name, "--registry", f"{live_registry.host}/team"]) == 0
     digest = live_registry.manifest_digest(f"team/{image['repository']}", "0.5.9-cu128-abc123")
@@ -205,7 +205,7 @@ def test_push_command_prints_the_digest_reference(client, live_registry, image, 
         f"{live_registry.host}/team/{image['repository']}@{digest}\n")
 
 
-def test_an_immutable_tag_is_never_moved(client, live_registry, image, path):
+def test_an_immutable_tag_is_never_moved(client, live_registry, image, path, built):
     built(path, image)
     registry.push(STACK.name, live_registry.host, client=client, lock_path=path)
     registry.push(STACK.name, live_registry.host, client=client, lock_path=path)  # same image: fine
@@ -213,8 +213,7 @@ def test_an_immutable_tag_is_never_moved(client, live_registry, image, path):
     client.api.import_image_from_data(b"\0" * 1024, repository=image["repository"], tag="other")
     other_id = client.images.get(f"{image['repository']}:other").id
     try:
-        lock.record_build(STACK, image_id=other_id, tags=[image["immutable"]], report_path="r.json", path=path)
-        lock.record_smoke(STACK.name, passed=True, report={"passed": True}, path=path)
+        built(path, {**image, "id": other_id})
         before = path.read_bytes()
         with pytest.raises(BuildFailure, match=rf"already names another image \({image['id']}\); immutable tags are never moved$"):
             registry.push(STACK.name, live_registry.host, client=client, lock_path=path)
@@ -223,7 +222,7 @@ def test_an_immutable_tag_is_never_moved(client, live_registry, image, path):
         client.images.remove(other_id, force=True)
 
 
-def test_registry_down_is_retried_then_a_clear_error_with_the_lock_untouched(client, image, path):
+def test_registry_down_is_retried_then_a_clear_error_with_the_lock_untouched(client, image, path, built):
     built(path, image)
     before = path.read_bytes()
     host = f"127.0.0.1:{free_port()}"
@@ -236,7 +235,7 @@ def test_registry_down_is_retried_then_a_clear_error_with_the_lock_untouched(cli
     assert path.read_bytes() == before
 
 
-def test_registry_answering_500_is_retried_then_a_clear_error_with_the_lock_untouched(client, image, path):
+def test_registry_answering_500_is_retried_then_a_clear_error_with_the_lock_untouched(client, image, path, built):
     built(path, image)
     before = path.read_bytes()
     port = free_port()
@@ -253,7 +252,7 @@ def test_registry_answering_500_is_retried_then_a_clear_error_with_the_lock_unto
     assert path.read_bytes() == before
 
 
-def test_a_registry_that_recovers_gets_the_push(client, image, path, tmp_path, capsys):
+def test_a_registry_that_recovers_gets_the_push(client, image, path, tmp_path, capsys, built):
     """Down, then answering 500, then up: two retries, then the push lands and the lock records it."""
     built(path, image)
     port = free_port()
@@ -282,7 +281,7 @@ def test_a_registry_that_recovers_gets_the_push(client, image, path, tmp_path, c
         server.stop()
 
 
-def test_pull_checks_the_image_against_the_lock(client, live_registry, image, path):
+def test_pull_checks_the_image_against_the_lock(client, live_registry, image, path, built):
     built(path, image)
     registry.push(STACK.name, live_registry.host, client=client, lock_path=path)
     wrong = "sha256:" + "9" * 64
@@ -291,10 +290,11 @@ def test_pull_checks_the_image_against_the_lock(client, live_registry, image, pa
         registry.pull(STACK.name, client=client, lock_path=path)
 
 
-def test_pull_and_push_refuse_what_the_lock_does_not_support(client, image, path):
+def test_pull_and_push_refuse_what_the_lock_does_not_support(client, image, path, built):
     with pytest.raises(UserError, match=rf"^{STACK.name}: no image recorded in matrix.lock: run `builder build"):
         registry.push(STACK.name, "127.0.0.1:5000", client=client, lock_path=path)
-    lock.record_build(STACK, image_id=image["id"], tags=[image["immutable"]], report_path="r.json", path=path)
+    built(path, image)
+    lock.record_smoke(STACK.name, passed=False, report={"passed": False}, path=path)
     with pytest.raises(UserError, match=rf"^{STACK.name}: image {image['id']} has not passed smoke"):
         registry.push(STACK.name, "127.0.0.1:5000", client=client, lock_path=path)
     with pytest.raises(UserError, match=rf"^{STACK.name}: matrix.lock records no push; run `builder push"):
@@ -316,9 +316,8 @@ def test_daemon_messages_are_classified(message, transient):
     assert registry.is_transient(message) is transient
 
 
-def test_push_without_a_docker_daemon_says_how_to_start_it(path, monkeypatch, capsys, tmp_path):
-    lock.record_build(STACK, image_id="sha256:" + "1" * 64, tags=["t:1"], report_path="r.json", path=path)
-    lock.record_smoke(STACK.name, passed=True, report={"passed": True}, path=path)
+def test_push_without_a_docker_daemon_says_how_to_start_it(path, monkeypatch, capsys, tmp_path, record_image):
+    record_image(STACK, "sha256:" + "1" * 64, ["t:1"], path)
     before = path.read_bytes()
     monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-daemon.sock")
     assert main(["push", STACK.name, "--registry", "127.0.0.1:5000"]) == 2

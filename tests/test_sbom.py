@@ -137,26 +137,22 @@ def python_image():
 
 
 @pytest.mark.engine
-def test_sbom_of_a_real_image_written_beside_the_report_and_recorded(python_image, tmp_path):
+def test_sbom_of_a_real_image_written_with_the_locked_hashes(python_image, tmp_path):
     client, image_id = python_image
     versions = {name: importlib.metadata.version(name) for name in IN_IMAGE}
     installed = sbom.installed_distributions(image_id, client)
     assert sorted((name.lower(), version) for name, version, _ in installed) == sorted(versions.items())
 
-    path = tmp_path / "matrix.lock"
     resolution = Resolution(STACK.python, PLATFORM, (), "first-index", (
         locked_distribution("jinja2", "0.0.1"),  # not what the image holds
         locked_distribution("packaging", versions["packaging"]),
     ))
+    path = tmp_path / "matrix.lock"
     lock.lock_stacks([STACK], path=path, resolver=lambda s: resolution)
-    report = tmp_path / "build-reports" / f"{STACK.name}.json"
-    report.parent.mkdir()
-    report.write_text("{}\n")
-    lock.record_build(STACK, image_id=image_id, tags=["t:1"], report_path=report, path=path)
-
-    written = sbom.write_image_sbom(STACK.name, report, client=client, lock_path=path)
-    assert written == report.with_name(f"{STACK.name}.cdx.json")
-    assert lock.entry(STACK, path)["image"]["sbom"] == str(written)
+    target = sbom.sbom_path(tmp_path / "build-reports" / f"{STACK.name}.json")
+    written = sbom.write_bom(target, STACK.name, image_id, lock.entry(STACK, path)["distributions"],
+                             STACK.source_date_epoch, client=client)
+    assert written == tmp_path / "build-reports" / f"{STACK.name}.cdx.json"
     text = written.read_text()
     validate(text)
     components = {c["name"]: c for c in json.loads(text)["components"]}

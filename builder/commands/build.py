@@ -13,7 +13,8 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    stacks = cli_common.load(args).select(args.stack, args.local_base)
-    for outcome in build.build_all(stacks, args.engine, no_cache=args.no_cache):
+    matrix = cli_common.load(args)
+    stacks = matrix.select(args.stack, args.local_base)
+    for outcome in build.build_all(stacks, args.engine, matrix.root, no_cache=args.no_cache):
         print(f"{outcome.stack}: {outcome.immutable_tag} {outcome.image_id}")
     return 0

@@ -12,6 +12,9 @@ def register(subparsers) -> None:
         "made it) and the files that differ in it; exit 1.")
     parser.add_argument("stack", nargs="?", help="stack row to verify")
     cli_common.add_matrix_arguments(parser, stacks=False)
+    parser.add_argument("--against-lock", action="store_true",
+                        help="build the stack once from the committed inputs (HEAD, not the working tree) and "
+                             "compare with the image matrix.lock records; exit 1 naming the difference")
     parser.add_argument("--dockerfile", help="verify this Dockerfile instead of a stack's")
     parser.add_argument("--context", default=".", help="build context for --dockerfile (default: %(default)s)")
     parser.add_argument("--base", action="append", default=[], metavar="IMAGE",
@@ -22,9 +25,13 @@ def register(subparsers) -> None:
 def run(args) -> int:
     if bool(args.stack) == bool(args.dockerfile):
         raise UserError("give a stack or --dockerfile, not both or neither")
-    if args.stack:
-        stack = cli_common.load(args).select([args.stack], args.local_base)[0]
-        comparison = reproducibility.verify_stack(stack)
+    if args.against_lock and not args.stack:
+        raise UserError("--against-lock needs a stack")
+    if args.against_lock:
+        comparison = reproducibility.verify_against_lock(cli_common.load(args), args.stack, args.local_base)
+    elif args.stack:
+        matrix = cli_common.load(args)
+        comparison = reproducibility.verify_stack(matrix.select([args.stack], args.local_base)[0], matrix.root)
     else:
         comparison = reproducibility.verify_dockerfile(args.dockerfile, args.context, args.base,
                                                        cli_common.load(args))

@@ -95,6 +95,9 @@ class ImageInfo:
     created: str
     labels: Mapping[str, str]
     layers: tuple[Layer, ...]
+    # The image config as the store shows it (an OCI config in buildah, the daemon's inspect view in
+    # Docker): compared field by field when two images should have been one.
+    config: Mapping[str, object] = field(default_factory=dict, compare=False)
 
 
 @dataclass(frozen=True)
@@ -106,6 +109,16 @@ class BuildResult:
     duration_s: float  # the whole build, delivery included
     # Of which copying the image into the Docker daemon (0 when it was already there or not asked for).
     deliver_s: float = 0.0
+
+
+class ImageStore(Protocol):
+    """Somewhere images live under names: buildah's storage, the Docker daemon."""
+
+    def image_id(self, ref: str) -> str | None:
+        """The id `ref` names here, None when it names nothing."""
+
+    def inspect(self, ref: str) -> ImageInfo:
+        """Image id, tags, created time, labels, layers and config."""
 
 
 class Engine(Protocol):
@@ -121,6 +134,12 @@ class Engine(Protocol):
 
     def check(self) -> None:
         """Raise UserError (one line, saying how to fix it) when the engine cannot be used."""
+
+    def version(self) -> str:
+        """The engine's own version, for provenance (never for anything hashed)."""
+
+    def stores(self) -> tuple[tuple[str, ImageStore], ...]:
+        """(name, store) of every place this engine keeps tags: where an immutable tag must not move."""
 
     def build(self, request: BuildRequest) -> BuildResult:
         """Build, then tag with every request tag, in the engine and in the local Docker daemon.

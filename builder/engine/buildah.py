@@ -8,13 +8,14 @@ byte-for-byte, so the image ID (the digest, see engine/base.py) is the same on b
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from builder.engine._process import run_quiet, run_streaming
@@ -85,6 +86,17 @@ class BuildahEngine:
             raise UserError(f"buildah not found: {INSTALL_HINT}")
         if self.export_to_docker:
             self.daemon.check()
+
+    def version(self) -> str:
+        output = run_quiet(["buildah", "--version"], "buildah --version").split()
+        return output[2] if len(output) > 2 else " ".join(output)
+
+    def stores(self) -> tuple[tuple[str, object], ...]:
+        own = (("buildah", self),)
+        return own + ((("docker daemon", self.daemon),) if self.export_to_docker else ())
+
+    def image_id(self, ref: str) -> str | None:
+        return self._image_id_or_none(ref)
 
     def build(self, request: BuildRequest) -> BuildResult:
         self.check()
@@ -203,6 +215,7 @@ class BuildahEngine:
             created=config.get("created", ""),
             labels=dict(sorted((config.get("config", {}).get("Labels") or {}).items())),
             layers=layers_from_history(diff_ids, config.get("history", []), sizes),
+            config=config,
         )
 
     def _names(self, ref: str) -> tuple[str, ...]:
@@ -248,6 +261,17 @@ class BuildahEngine:
             partial.replace(archive)
         finally:
             partial.unlink(missing_ok=True)
+
+    @contextlib.contextmanager
+    def mounted(self, ref: str) -> Iterator[Path]:
+        """The image's root filesystem, mounted read-only through a throwaway working container."""
+        container = run_quiet(self._global_args() + ["from", "--pull=never", "--quiet", ref],
+                              f"buildah from {ref}").strip().splitlines()[-1]
+        try:
+            yield Path(run_quiet(self._global_args() + ["mount", container], f"buildah mount {ref}").strip())
+        finally:
+            run_quiet(self._global_args() + ["umount", container], f"buildah umount {container}")
+            run_quiet(self._global_args() + ["rm", container], f"buildah rm {container}")
 
     def reset_storage(self) -> None:
         """Empty a private storage (containers, images, cache): the next build starts cold."""

@@ -35,6 +35,9 @@ class DockerDaemon:
     def check(self) -> None:
         self.client  # noqa: B018 - connecting is the check
 
+    def version(self) -> str:
+        return str(self.client.version().get("Version", "unknown"))
+
     def image_id(self, ref: str) -> str | None:
         try:
             return self.client.images.get(ref).id
@@ -55,6 +58,12 @@ class DockerDaemon:
             created=attrs.get("Created", ""),
             labels=dict(sorted(((attrs.get("Config") or {}).get("Labels") or {}).items())),
             layers=layers,
+            config={
+                "architecture": attrs.get("Architecture"), "os": attrs.get("Os"), "created": attrs.get("Created"),
+                "config": attrs.get("Config"), "rootfs": attrs.get("RootFS"),
+                "history": [{"created_by": h.get("CreatedBy"), "comment": h.get("Comment")}
+                            for h in reversed(history)],
+            },
         )
 
     def tag(self, ref: str, new_tag: str) -> None:

@@ -62,6 +62,12 @@ class DockerEngine:
     def check(self) -> None:
         self.daemon.check()
 
+    def version(self) -> str:
+        return self.daemon.version()
+
+    def stores(self) -> tuple[tuple[str, DockerDaemon], ...]:
+        return (("docker daemon", self.daemon),)
+
     def _buildkit(self) -> BuildKitClient:
         if self._client is None:
             self._client = find_buildkit_client()
