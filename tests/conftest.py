@@ -1,10 +1,20 @@
-"""Fixtures shared by several test modules."""
+"""Fixtures shared by several test modules: lock records, and the real cu128 stack built once per session
+on the local base (the end-to-end modules all test that one image)."""
 
 from __future__ import annotations
+
+import json
+import os
+import shutil
 
 import pytest
 
 from builder import lock
+from builder.engine import get_engine
+from builder.matrix import load_matrix
+from support import REPO, run_builder
+
+BUILT_STACK = "sglang-0.5.9-cu128-local"
 
 
 @pytest.fixture
@@ -17,3 +27,35 @@ def record_image():
         lock.record_build(stack, image, {"passed": True}, path)
 
     return record
+
+
+@pytest.fixture(scope="session")
+def lock_copy(tmp_path_factory):
+    """Builds in the checkout record into a scratch copy of matrix.lock, never the committed one."""
+    path = tmp_path_factory.mktemp("lock") / "matrix.lock"
+    shutil.copy(REPO / "matrix.lock", path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def builder_env(lock_copy):
+    return {**os.environ, "BUILDER_LOCK": str(lock_copy), "CI": "true"}
+
+
+@pytest.fixture(scope="session")
+def local_base(builder_env):
+    """The mmdebstrap base the stack builds FROM, made by `builder base` when missing."""
+    image = load_matrix(REPO / "matrix.toml").stack(BUILT_STACK).base.image
+    if not get_engine("buildah").exists(image):
+        result = run_builder("base", env=builder_env)
+        assert result.returncode == 0, result.stderr
+    return image
+
+
+@pytest.fixture(scope="session")
+def built(local_base, builder_env):
+    """The README's main job in this checkout: (the command's result, its build report)."""
+    result = run_builder("build", "--local-base", "--stack", "sglang-0.5.9-cu128", env=builder_env)
+    assert result.returncode == 0, result.stderr[-4000:]
+    report = json.loads((REPO / "build-reports" / f"{BUILT_STACK}.json").read_text())
+    return result, report

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import docker
@@ -19,45 +18,20 @@ from builder import render, smoke
 from builder.engine import get_engine
 from builder.engine.base import BuildRequest
 from builder.matrix import load_matrix
+from support import run_builder
 
 pytestmark = [pytest.mark.engine, pytest.mark.network, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parent.parent
 MATRIX = load_matrix(REPO / "matrix.toml")
 STACK = MATRIX.stack("sglang-0.5.9-cu128-local")
-BUILDER = [sys.executable, "-m", "builder.cli"]
 
 
-def builder(*args: str, env: dict | None = None, timeout: int = 3600) -> subprocess.CompletedProcess:
-    return subprocess.run([*BUILDER, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env)
+def builder(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return run_builder(*args, env=env)
 
 
-@pytest.fixture(scope="module")
-def lock_copy(tmp_path_factory):
-    """Builds record into a scratch copy of matrix.lock, never the committed one."""
-    path = tmp_path_factory.mktemp("lock") / "matrix.lock"
-    shutil.copy(REPO / "matrix.lock", path)
-    return path
-
-
-@pytest.fixture(scope="module")
-def env(lock_copy):
-    import os
-
-    return {**os.environ, "BUILDER_LOCK": str(lock_copy), "CI": "true"}
-
-
-@pytest.fixture(scope="module")
-def local_base(env):
-    """The mmdebstrap base the stack builds FROM, made by `builder base` when missing."""
-    engine = get_engine("buildah")
-    if not engine.exists(STACK.base.image):
-        result = builder("base", env=env)
-        assert result.returncode == 0, result.stderr
-    return STACK.base.image
-
-
-def test_verify_finds_two_clean_builds_of_a_small_real_stack_identical(local_base, env, tmp_path):
+def test_verify_finds_two_clean_builds_of_a_small_real_stack_identical(local_base, builder_env, tmp_path):
     """Every mechanism of the stack's Dockerfile (venv, hash-checked install through the CA secret and
     a cache mount, a patch layer applied and byte-compiled, the in-image tools) on real flashinfer,
     twice from empty storage. The full 11.5 GB stack takes the same path (`builder verify STACK`) but
@@ -83,27 +57,19 @@ COPY {patch.name} /opt/builder/patches/{patch.name}
 RUN ["/opt/venv/bin/python", "/opt/builder/apply_patch.py", "--site-packages", "{site}", "/opt/builder/patches/{patch.name}"]
 COPY runtime/ /opt/builder/runtime/
 """)
-    result = builder("verify", "--dockerfile", str(tmp_path / "Dockerfile"), "--context", str(tmp_path), env=env)
+    result = builder("verify", "--dockerfile", str(tmp_path / "Dockerfile"), "--context", str(tmp_path), env=builder_env)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert result.stdout.startswith("identical: sha256:")
 
 
-def test_verify_names_the_layer_of_a_planted_date(local_base, env, tmp_path):
+def test_verify_names_the_layer_of_a_planted_date(local_base, builder_env, tmp_path):
     (tmp_path / "Dockerfile").write_text(
         f"FROM {local_base}\nRUN [\"/bin/sh\", \"-c\", \"echo stable > /stable\"]\n"
         "RUN [\"/bin/sh\", \"-c\", \"date +%s%N > /built-at\"]\n")
-    result = builder("verify", "--dockerfile", str(tmp_path / "Dockerfile"), "--context", str(tmp_path), env=env)
+    result = builder("verify", "--dockerfile", str(tmp_path / "Dockerfile"), "--context", str(tmp_path), env=builder_env)
     assert result.returncode == 1
     assert "first differing layer: #3" in result.stdout and "date +%s%N" in result.stdout
     assert "built-at" in result.stdout and "/stable" not in result.stdout.split("first differing layer")[1]
-
-
-@pytest.fixture(scope="module")
-def built(local_base, env):
-    result = builder("build", "--local-base", "--stack", "sglang-0.5.9-cu128", env=env)
-    assert result.returncode == 0, result.stderr[-4000:]
-    report = json.loads((REPO / "build-reports" / f"{STACK.name}.json").read_text())
-    return result, report
 
 
 def test_build_tags_only_after_smoke_passes(built, lock_copy):
@@ -120,14 +86,15 @@ def test_build_tags_only_after_smoke_passes(built, lock_copy):
     assert (REPO / entry["image"]["sbom"]).is_file()
 
 
-def test_labels_record_pins_patches_and_time(built):
+def test_labels_record_pins_patches_and_time_and_nothing_from_the_clone(built):
     _, report = built
     labels = docker.from_env().images.get(report["image_id"]).labels
     assert labels["org.opencontainers.image.created"] == "2026-01-01T00:00:00Z"
     assert json.loads(labels["dev.sglang-builder.pins"])["torch"] == "2.9.1"
     patches = json.loads(labels["dev.sglang-builder.patches"])
     assert [p["sha256"] for p in patches] == [p.sha256 for p in render.rendered_patches(STACK)]
-    assert labels["org.opencontainers.image.revision"]
+    # The commit, the remote and the host go to the provenance record, never into the image.
+    assert not {"org.opencontainers.image.revision", "org.opencontainers.image.source"} & set(labels)
 
 
 def test_report_has_each_layer_and_patch_layer_sizes(built):
@@ -141,12 +108,25 @@ def test_report_has_each_layer_and_patch_layer_sizes(built):
     assert torch_layer < first_patch < tools
 
 
-def test_no_op_rebuild_reuses_every_layer(built, env):
+def test_no_op_rebuild_after_the_test_suite_reuses_every_layer_and_keeps_the_image_id(built, builder_env):
+    """By now the suite has imported builder.runtime here, leaving __pycache__ beside the in-image tools;
+    one is planted too, in case this test runs alone. Neither reaches the context, so every step comes
+    from the cache and the immutable tag keeps naming the same image."""
     _, report = built
-    again = builder("build", "--local-base", "--stack", "sglang-0.5.9-cu128", env=env)
+    planted = REPO / "builder/runtime/__pycache__"
+    planted.mkdir(exist_ok=True)
+    (planted / "planted-by-test.cpython-311.pyc").write_bytes(b"\x00not an input")
+    try:
+        again = builder("build", "--local-base", "--stack", "sglang-0.5.9-cu128", env=builder_env)
+    finally:
+        (planted / "planted-by-test.cpython-311.pyc").unlink()
     assert again.returncode == 0, again.stderr[-4000:]
+    steps = [line for line in again.stderr.splitlines() if "STEP " in line]
+    reused = [line for line in again.stderr.splitlines() if "--> Using cache" in line]
+    assert steps and len(reused) == len(steps) - 1  # every step but FROM
     second = json.loads((REPO / "build-reports" / f"{STACK.name}.json").read_text())
     assert second["image_id"] == report["image_id"]
+    assert docker.from_env().images.get(report["tags"][0]).id == report["image_id"]
 
 
 def _bench_in_image(image_id: str, tmp_path: Path, tok_s: str) -> tuple[int, str, dict]:

@@ -1,0 +1,119 @@
+"""One image per inputs, on the real cu128 stack: a fresh clone builds the image the committed lock
+records, clones at other paths with other remotes and stray files build the same one, an immutable
+tag never moves, and `builder verify --against-lock` rebuilds HEAD from empty storage to prove it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import docker
+import pytest
+
+from builder.engine.buildah import BuildahEngine
+from support import REPO, run_builder
+
+pytestmark = [pytest.mark.engine, pytest.mark.network, pytest.mark.slow]
+
+STACK = "sglang-0.5.9-cu128-local"
+
+
+def git(*args: str, cwd: Path) -> str:
+    return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=True).stdout
+
+
+def committed_image_id() -> str:
+    return json.loads(git("show", "HEAD:matrix.lock", cwd=REPO))["stacks"][STACK]["image"]["id"]
+
+
+def clone(destination: Path, remote: str) -> Path:
+    subprocess.run(["git", "clone", "--quiet", str(REPO), str(destination)], check=True)
+    git("remote", "set-url", "origin", remote, cwd=destination)
+    return destination
+
+
+def test_this_clone_builds_the_image_the_committed_lock_records(built):
+    """CI runs on a fresh clone: its build must be the committed record, or the lock is stale."""
+    _, report = built
+    assert report["image_id"] == committed_image_id()
+
+
+def test_the_committed_lock_describes_the_tree():
+    result = run_builder("lock", "--check")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"{STACK}" not in result.stderr
+
+
+def test_clones_at_other_paths_with_other_remotes_and_stray_files_build_one_image(built, tmp_path):
+    _, report = built
+    first = clone(tmp_path / "a" / "first", "https://user:secret@example.invalid/team/sglang-image-builder.git")
+    second = clone(tmp_path / "b" / "deeper" / "second", "git@example.invalid:team/sglang-image-builder.git")
+    cache = second / "builder/runtime/__pycache__"
+    cache.mkdir()
+    (cache / "entrypoint.cpython-311.pyc").write_bytes(b"\x00stale byte code from another interpreter")
+    (second / "builder/runtime/notes.txt").write_text("an untracked file beside the in-image tools\n")
+    (second / "patches/sglang/0.5.9/0099-draft.patch").write_text("an untracked patch draft\n")
+    env = {key: value for key, value in os.environ.items() if key != "BUILDER_LOCK"} | {"CI": "true"}
+    ids = []
+    for checkout in (first, second):
+        result = run_builder("build", "--local-base", "--stack", "sglang-0.5.9-cu128", env=env, cwd=checkout)
+        assert result.returncode == 0, result.stderr[-4000:]
+        ids.append(result.stdout.split()[-1])
+        # The build's outputs that belong in git are the committed ones, byte for byte.
+        assert git("status", "--porcelain", "--untracked-files=no", cwd=checkout) == ""
+    assert ids == [report["image_id"], report["image_id"]]
+    provenance = json.loads((first / "build-reports" / f"{STACK}.provenance.json").read_text())
+    source = provenance["predicate"]["buildDefinition"]["resolvedDependencies"][0]
+    assert source["uri"] == "git+https://example.invalid/team/sglang-image-builder.git"  # no credentials
+    assert source["digest"]["gitCommit"] == git("rev-parse", "HEAD", cwd=first).strip()
+    assert provenance["subject"][0]["digest"]["sha256"] == report["image_id"].removeprefix("sha256:")
+
+
+def test_an_immutable_tag_that_names_another_image_is_refused_and_nothing_moves(built, builder_env):
+    _, report = built
+    immutable, moving = report["tags"]
+    engine = BuildahEngine(export_to_docker=False)  # the impostor goes into buildah's storage only
+    container = subprocess.run(["buildah", "from", "scratch"], capture_output=True, text=True, check=True).stdout.strip()
+    subprocess.run(["buildah", "commit", "--quiet", container, "localhost/planted:impostor"], check=True,
+                   capture_output=True)
+    subprocess.run(["buildah", "rm", container], check=True, capture_output=True)
+    impostor = engine.image_digest("localhost/planted:impostor")
+    try:
+        engine.tag(impostor, immutable)  # in buildah's storage and the Docker daemon
+        result = run_builder("build", "--local-base", "--stack", "sglang-0.5.9-cu128", env=builder_env)
+        assert result.returncode == 1
+        error = result.stderr.strip().splitlines()[-1]
+        assert error.startswith(f"builder: error: immutable tag {immutable} already names {impostor} in buildah, "
+                                f"this build made {report['image_id']}: first differing layer #1")
+        assert engine.image_digest(immutable) == impostor  # not moved back either: the build changed nothing
+        assert engine.image_digest(moving) == report["image_id"]
+        assert docker.from_env().images.get(moving).id == report["image_id"]
+    finally:
+        engine.tag(report["image_id"], immutable)
+        subprocess.run(["buildah", "rmi", "localhost/planted:impostor"], capture_output=True)
+    assert docker.from_env().images.get(immutable).id == report["image_id"]
+
+
+def test_verify_against_lock_rebuilds_head_from_empty_storage(built):
+    result = run_builder("verify", "--against-lock", STACK)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert result.stdout.strip() == f"identical: {committed_image_id()}"
+
+
+def test_verify_against_lock_names_a_planted_label_and_file(built, tmp_path):
+    checkout = clone(tmp_path / "planted", str(REPO))
+    dockerfile = checkout / "images" / STACK / "Dockerfile"
+    dockerfile.write_text(dockerfile.read_text() + 'LABEL planted="yes"\n')
+    tool = checkout / "builder/runtime/stackinfo.py"
+    tool.write_text(tool.read_text() + "# planted\n")
+    git("-c", "user.name=test", "-c", "user.email=test@example.invalid", "commit", "--quiet", "-am", "plant",
+        cwd=checkout)
+    result = run_builder("verify", "--against-lock", STACK, cwd=checkout)
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
+    out = result.stdout
+    assert out.startswith(f"digests differ: {committed_image_id()} != sha256:")
+    assert "made by: " in out and "builder/runtime/" in out.split("made by: ")[1].splitlines()[0]
+    assert "  opt/builder/runtime/stackinfo.py: content" in out
+    assert "config.Labels.planted" in out

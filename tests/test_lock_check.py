@@ -1,0 +1,90 @@
+"""`builder lock --check`: a recorded image built from other inputs than the tree has now is named,
+with the part that moved (a file, the base digest, SOURCE_DATE_EPOCH); a pinned one is named as such."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from builder import context, lock, lock_check
+from builder.matrix import load_matrix
+from support import REPO, run_builder
+
+BASE = "sha256:" + "b" * 64
+IMAGE = "sha256:" + "1" * 64
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch):
+    """A clone whose lock records an image of the cu128-local row built from exactly its current inputs."""
+    root = tmp_path / "clone"
+    subprocess.run(["git", "clone", "--quiet", str(REPO), str(root)], check=True)
+    monkeypatch.delenv("BUILDER_LOCK", raising=False)
+    matrix = load_matrix(root / "matrix.toml")
+    stack = matrix.stack("sglang-0.5.9-cu128-local")
+    lock.record_base("debian-bookworm", BASE, path=root / "matrix.lock")
+    inputs = context.build_inputs(stack, root, BASE)
+    report = root / "build-reports" / f"{stack.name}.json"
+    report.parent.mkdir(exist_ok=True)
+    report.write_text(json.dumps({"inputs": {"files": [
+        {"path": f.path, "mode": f"{f.mode:o}", "sha256": f.sha256} for f in inputs.files]}}))
+    lock.record_build(stack, lock.ImageRecord(
+        image_id=IMAGE, tags=("sglang:x", "sglang:y"), inputs_hash=inputs.hash, base_digest=BASE,
+        source_date_epoch=stack.source_date_epoch, report=f"build-reports/{stack.name}.json",
+        provenance="p.json"), {"passed": True}, root / "matrix.lock")
+    return root, matrix, stack
+
+
+def problems(root: Path, matrix, stacks=None) -> list[str]:
+    return lock_check.stale_rows(stacks or matrix.all_rows(), root, root / "matrix.lock")[0]
+
+
+def test_a_current_record_passes_and_rows_without_images_are_notes(project):
+    root, matrix, _ = project
+    found, notes = lock_check.stale_rows(matrix.all_rows(), root, root / "matrix.lock")
+    assert found == []
+    assert "sglang-0.5.9-cu130: not locked" in notes
+
+
+def test_a_changed_patch_is_named(project):
+    root, matrix, stack = project
+    patch = root / "patches/sglang/0.5.9/0003-allreduce-fusion-apply-sm120.patch"
+    patch.write_text("one more header line\n" + patch.read_text())
+    assert problems(root, matrix) == [
+        f"{stack.name}: recorded image {IMAGE} was built from other inputs than the tree has now "
+        "(changed: patches/sglang/0.5.9/0003-allreduce-fusion-apply-sm120.patch); rebuild it and commit matrix.lock"]
+
+
+def test_a_new_base_digest_or_epoch_is_named(project):
+    root, matrix, stack = project
+    lock.record_base("debian-bookworm", "sha256:" + "c" * 64, path=root / "matrix.lock")
+    assert f"(base digest {BASE} -> sha256:{'c' * 64})" in problems(root, matrix)[0]
+    lock.record_base("debian-bookworm", BASE, path=root / "matrix.lock")
+    later = dataclasses.replace(stack, source_date_epoch=stack.source_date_epoch + 1)
+    assert f"(SOURCE_DATE_EPOCH {stack.source_date_epoch} -> {stack.source_date_epoch + 1})" in \
+        problems(root, matrix, (later,))[0]
+
+
+def test_a_pinned_image_the_inputs_cannot_make_is_named_and_the_command_exits_1(project):
+    root, matrix, stack = project
+    lock.pin(stack, [], root / "matrix.lock")
+    (root / "builder/runtime/stackinfo.py").write_text("# changed\n")
+    env = {key: value for key, value in os.environ.items() if key != "BUILDER_LOCK"}
+    result = run_builder("lock", "--check", env=env, cwd=root)
+    assert result.returncode == 1
+    assert result.stderr == (
+        f"builder: error: {stack.name}: pinned image {IMAGE} was built from other inputs than the tree has now "
+        "(changed: builder/runtime/stackinfo.py); rebuild it and commit matrix.lock\n")
+
+
+def test_a_row_resolved_from_other_pins_is_named(project):
+    root, matrix, stack = project
+    moved = dataclasses.replace(stack, packages=tuple(
+        dataclasses.replace(p, version="0.5.10") if p.name == "sglang" else p for p in stack.packages))
+    assert problems(root, matrix, (moved,)) == [
+        f"{stack.name}: resolved from other pins than matrix.toml has now; run `builder lock --stack {stack.name}`"]
