@@ -27,15 +27,16 @@ from builder.engine import get_engine  # noqa: E402
 from builder.matrix import load_matrix  # noqa: E402
 from builder.progress import Progress  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results" / "build-cache.json"
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results" / "build-cache.json"
 
 
 def measured_build(stack, engine, progress, no_cache: bool) -> dict:
-    """One full `builder build` (build, delivery into Docker, smoke, tags); its report's durations."""
+    """One full `builder build` (build, delivery into Docker, smoke, tags); its own durations."""
     started = time.monotonic()
-    outcome = build.build_stack(stack, engine, progress, no_cache=no_cache)
+    outcome = build.build_stack(stack, engine, progress, ROOT, no_cache=no_cache)
     report = json.loads(outcome.report_path.read_text())
-    durations = report["durations_s"]
+    durations = outcome.durations_s
     return {
         "engine_build_s": round(durations["build"] - durations["deliver_to_docker"], 1),
         "deliver_to_docker_s": durations["deliver_to_docker"],
@@ -49,7 +50,7 @@ def with_patch_comment(stack):
     """Prepend a line to the last patch's header (text before the diff): a one-line patch change.
     The committed render is untouched: the build hashes and copies the patch file itself."""
     patch = render.rendered_patches(stack)[-1]
-    path = render.REPO_ROOT / patch.source
+    path = ROOT / patch.source
     original = path.read_bytes()
     path.write_bytes(b"bench: one-line change to measure the rebuild\n" + original)
     return path, original
@@ -61,9 +62,9 @@ def main() -> int:
     parser.add_argument("--engine", default="buildah")
     args = parser.parse_args()
     scratch_lock = Path(tempfile.mkdtemp()) / "matrix.lock"
-    shutil.copy(render.REPO_ROOT / "matrix.lock", scratch_lock)
+    shutil.copy(ROOT / "matrix.lock", scratch_lock)
     os.environ["BUILDER_LOCK"] = str(scratch_lock)
-    stack = load_matrix(render.REPO_ROOT / "matrix.toml").stack(args.stack)
+    stack = load_matrix(ROOT / "matrix.toml").stack(args.stack)
     engine = get_engine(args.engine)
     engine.check()
     progress = Progress.for_environment()

@@ -69,13 +69,15 @@ def copied_sources(dockerfile: str) -> list[str]:
 
 
 def tracked_files(root: Path) -> set[str] | None:
-    """Paths git tracks under `root` (relative to it), or None when `root` is not in a git work tree."""
+    """Paths git tracks under `root` (relative to it), or None when `root` is not in a git work tree
+    or is a folder the enclosing work tree ignores (an export unpacked under build/, say)."""
     try:
         listing = subprocess.run(["git", "-C", str(root), "ls-files", "-z", "--cached"],
                                  capture_output=True, check=False)
+        ignored = subprocess.run(["git", "-C", str(root), "check-ignore", "-q", "."], check=False).returncode == 0
     except FileNotFoundError:
         return None  # no git at all: treated like an export
-    if listing.returncode != 0:
+    if listing.returncode != 0 or ignored:
         return None
     return {name for name in listing.stdout.decode("utf-8", "surrogateescape").split("\0") if name}
 

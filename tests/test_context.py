@@ -100,6 +100,11 @@ def test_an_export_without_git_hashes_like_the_clone(tmp_path):
     (export / "builder/runtime/__pycache__").mkdir()
     (export / "builder/runtime/__pycache__/x.pyc").write_bytes(b"\x00")
     assert inputs(export).hash == inputs(root).hash
+    # The same export unpacked in a folder the enclosing clone ignores (as verify does under build/).
+    inside = root / "build" / "export"
+    inside.parent.mkdir()
+    subprocess.run(["cp", "-a", str(export), str(inside)], check=True)
+    assert inputs(inside).hash == inputs(root).hash
 
 
 def test_assembled_context_holds_exactly_the_hashed_files(tmp_path):
