@@ -22,10 +22,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from builder import build, render  # noqa: E402
+from builder.image import build, render  # noqa: E402
 from builder.engine import get_engine  # noqa: E402
-from builder.matrix import load_matrix  # noqa: E402
-from builder.progress import Progress  # noqa: E402
+from builder.config.matrix import load_matrix  # noqa: E402
+from builder.engine.progress import Progress  # noqa: E402
+from builder.paths import Project  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results" / "build-cache.json"
@@ -34,7 +35,7 @@ RESULTS = ROOT / "bench" / "results" / "build-cache.json"
 def measured_build(stack, engine, progress, no_cache: bool) -> dict:
     """One full `builder build` (build, delivery into Docker, smoke, tags); its own durations."""
     started = time.monotonic()
-    outcome = build.build_stack(stack, engine, progress, ROOT, no_cache=no_cache)
+    outcome = build.build_stack(stack, engine, progress, Project(ROOT), no_cache=no_cache)
     report = json.loads(outcome.report_path.read_text())
     durations = outcome.durations_s
     return {
@@ -49,7 +50,7 @@ def measured_build(stack, engine, progress, no_cache: bool) -> dict:
 def with_patch_comment(stack):
     """Prepend a line to the last patch's header (text before the diff): a one-line patch change.
     The committed render is untouched: the build hashes and copies the patch file itself."""
-    patch = render.rendered_patches(stack)[-1]
+    patch = render.rendered_patches(stack, ROOT / "patches")[-1]
     path = ROOT / patch.source
     original = path.read_bytes()
     path.write_bytes(b"bench: one-line change to measure the rebuild\n" + original)

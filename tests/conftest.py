@@ -9,9 +9,9 @@ import shutil
 
 import pytest
 
-from builder import lock
+from builder.publish import lock
 from builder.engine import get_engine
-from builder.matrix import load_matrix
+from builder.config.matrix import load_matrix
 from support import REPO, run_builder
 
 BUILT_STACK = "sglang-0.5.9-cu128-local"

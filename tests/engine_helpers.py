@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from builder.base import BaseSpec, make_base
+from builder.image.local_base import BaseSpec, make_base
 from builder.engine.buildah import BuildahEngine
 
 EPOCH = 1735689600  # 2025-01-01: a fixed date, never the wall clock

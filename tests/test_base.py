@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from engine_helpers import BASE_EPOCH, EPOCH, TEST_BASE_TAG, base_image, tar_bytes  # noqa: F401
 
-from builder import cli
-from builder.base import (
+from builder.cli import main as cli_main
+from builder.image.local_base import (
     DEFAULT_PACKAGES,
     BaseSpec,
     image_config,
@@ -19,9 +19,9 @@ from builder.base import (
     mmdebstrap_command,
     write_image_archive,
 )
-from builder.commands.base import spec_from_args
+from builder.cli.commands.base import spec_from_args
 from builder.engine.buildah import BuildahEngine
-from builder.matrix import load_matrix
+from builder.config.matrix import load_matrix
 from builder.engine.daemon import DockerDaemon
 
 
@@ -89,7 +89,7 @@ def test_installed_packages_come_from_dpkg_status(tmp_path):
 def test_cli_without_epoch_refuses_the_wall_clock(monkeypatch, capsys, tmp_path):
     monkeypatch.chdir(tmp_path)  # no matrix.toml here: the epoch must come from elsewhere
     monkeypatch.delenv("SOURCE_DATE_EPOCH", raising=False)
-    assert cli.main(["base", "--no-load"]) == 2
+    assert cli_main.main(["base", "--no-load"]) == 2
     assert capsys.readouterr().err == (
         "builder: error: no SOURCE_DATE_EPOCH: pass --source-date-epoch or set SOURCE_DATE_EPOCH "
         "(the wall clock is never used, so the base is reproducible)\n")
@@ -102,16 +102,17 @@ def test_cli_without_epoch_refuses_the_wall_clock(monkeypatch, capsys, tmp_path)
 def test_cli_bad_epoch(monkeypatch, capsys, tmp_path, value, message):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("SOURCE_DATE_EPOCH", value)
-    assert cli.main(["base", "--no-load"]) == 2
+    assert cli_main.main(["base", "--no-load"]) == 2
     assert capsys.readouterr().err == f"builder: error: {message}\n"
 
 
 def test_defaults_come_from_the_matrix(monkeypatch):
     monkeypatch.setenv("SOURCE_DATE_EPOCH", "5")  # the matrix's date wins over the environment
-    parser = cli.build_parser()
-    spec, name = spec_from_args(parser.parse_args(["base", "--matrix", str(REPO_MATRIX)]))
+    parser = cli_main.build_parser()
+    spec, found = spec_from_args(parser.parse_args(["base", "--matrix", str(REPO_MATRIX)]))
     matrix = load_matrix(REPO_MATRIX)
-    assert name == matrix.local_base["name"]
+    name = found.local_base["name"]
+    assert found.path == matrix.path and name == matrix.local_base["name"]
     assert spec.source_date_epoch == matrix.source_date_epoch
     assert spec.tag == f"localhost/builder-base:{name}"
     assert spec.suite == matrix.local_base["suite"]
@@ -122,7 +123,7 @@ def test_defaults_come_from_the_matrix(monkeypatch):
 
 
 def test_named_matrix_that_is_missing_is_an_error(tmp_path, capsys):
-    assert cli.main(["base", "--no-load", "--matrix", str(tmp_path / "nope.toml")]) == 2
+    assert cli_main.main(["base", "--no-load", "--matrix", str(tmp_path / "nope.toml")]) == 2
     error = capsys.readouterr().err
     assert error.startswith("builder: error: ") and "nope.toml" in error and len(error.splitlines()) == 1
 

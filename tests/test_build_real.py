@@ -14,10 +14,10 @@ from pathlib import Path
 import docker
 import pytest
 
-from builder import render, smoke
+from builder.image import render, smoke_gate
 from builder.engine import get_engine
-from builder.engine.base import BuildRequest
-from builder.matrix import load_matrix
+from builder.engine.protocol import BuildRequest
+from builder.config.matrix import load_matrix
 from support import run_builder
 
 pytestmark = [pytest.mark.engine, pytest.mark.network, pytest.mark.slow]
@@ -38,7 +38,7 @@ def test_verify_finds_two_clean_builds_of_a_small_real_stack_identical(local_bas
     needs about 60 GB of free disk for its two private storages, more than CI has here."""
     lock = json.loads((REPO / "matrix.lock").read_text())["stacks"][STACK.name]["distributions"]
     flashinfer = lock["flashinfer-python"]
-    patch = render.rendered_patches(STACK)[-1]
+    patch = render.rendered_patches(STACK, MATRIX.project.patches)[-1]
     assert patch.distribution == "flashinfer-python"
     shutil.copy(REPO / patch.source, tmp_path / patch.name)
     shutil.copy(REPO / "builder/runtime/apply_patch.py", tmp_path / "apply_patch.py")
@@ -92,7 +92,7 @@ def test_labels_record_pins_patches_and_time_and_nothing_from_the_clone(built):
     assert labels["org.opencontainers.image.created"] == "2026-01-01T00:00:00Z"
     assert json.loads(labels["dev.sglang-builder.pins"])["torch"] == "2.9.1"
     patches = json.loads(labels["dev.sglang-builder.patches"])
-    assert [p["sha256"] for p in patches] == [p.sha256 for p in render.rendered_patches(STACK)]
+    assert [p["sha256"] for p in patches] == [p.sha256 for p in render.rendered_patches(STACK, MATRIX.project.patches)]
     # The commit, the remote and the host go to the provenance record, never into the image.
     assert not {"org.opencontainers.image.revision", "org.opencontainers.image.source"} & set(labels)
 
@@ -182,10 +182,10 @@ def test_smoke_command_inside_the_image(built):
 def _derived(base_tag: str, tmp_path: Path, name: str, steps: str) -> str:
     """A real image FROM the built one with one planted fault. Docker's engine builds it: the base is
     already in the daemon, where the smoke checks run, so nothing has to be copied there."""
-    from builder import hostnet
+    from builder.engine import host_network
 
     (tmp_path / "Dockerfile").write_text(f"FROM {base_tag}\n{steps}\n")
-    network = hostnet.host_network()
+    network = host_network.host_network()
     result = get_engine("docker").build(BuildRequest(
         context_dir=tmp_path, dockerfile=tmp_path / "Dockerfile", tags=(f"localhost/fault-{name}:test",),
         source_date_epoch=STACK.source_date_epoch, add_hosts=network.add_hosts, secrets=network.secrets))
@@ -208,7 +208,7 @@ def test_planted_fault_is_caught_by_its_check(built, tmp_path, fault):
     _, report = built
     steps, check = FAULTS[fault]
     image = _derived(report["tags"][1], tmp_path, fault, steps)
-    result = smoke.run_in_image(image)
+    result = smoke_gate.run_in_image(image)
     docker.from_env().images.remove(image, force=True)
     assert not result.passed
     assert check in result.failures(), result.table()
@@ -220,6 +220,6 @@ def test_extension_against_another_torch_is_caught(built, tmp_path):
     steps = ('RUN --mount=type=secret,id=cacert ["/opt/venv/bin/pip", "install", "--cert", '
              '"/run/secrets/cacert", "--no-deps", "torch==2.8.0"]')
     image = _derived(report["tags"][1], tmp_path, "torch", steps)
-    result = smoke.run_in_image(image)
+    result = smoke_gate.run_in_image(image)
     docker.from_env().images.remove(image, force=True)
     assert {"versions.torch", "abi.undefined-symbols.sgl-kernel"} <= set(result.failures()), result.table()

@@ -11,8 +11,8 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name, parse_wheel_filename
 from pip._internal.models.index import PyPI
 
-from builder.compat import compat_data
-from builder.patches import fetch_wheel
+from builder.config.compat import compat_data
+from builder.image.patch_series import fetch_wheel
 
 pytestmark = pytest.mark.network
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from builder import context, tags
+from builder.image import context, tags
 from builder.errors import UserError
-from builder.matrix import load_matrix
+from builder.config.matrix import load_matrix
 
 REPO = Path(__file__).resolve().parent.parent
 STACK = load_matrix(REPO / "matrix.toml").stack("sglang-0.5.9-cu128-local")

@@ -10,11 +10,11 @@ import textwrap
 import pytest
 from engine_helpers import EPOCH, TEST_BASE_TAG, base_image, write_context  # noqa: F401
 
-from builder.engine.base import BuildRequest
+from builder.engine.protocol import BuildRequest
 from builder.engine.buildah import BuildahEngine
 from builder.engine.daemon import DockerDaemon
 from builder.errors import BuildFailure, UserError
-from builder.verify import build_twice
+from builder.image.layer_diff import build_twice
 
 pytestmark = pytest.mark.engine
 
@@ -137,7 +137,7 @@ def test_ctrl_c_leaves_no_tag_and_no_container(base_image, tmp_path):
     script = textwrap.dedent(f"""
         import sys
         from pathlib import Path
-        from builder.engine.base import BuildRequest
+        from builder.engine.protocol import BuildRequest
         from builder.engine.buildah import BuildahEngine
         engine = BuildahEngine(storage_dir=Path({str(storage)!r}), export_to_docker=False)
         request = BuildRequest(context_dir={str(context)!r}, dockerfile={str(context / 'Dockerfile')!r},

@@ -6,10 +6,10 @@ import subprocess
 import pytest
 from engine_helpers import EPOCH, TEST_BASE_TAG, base_image, write_context  # noqa: F401
 
-from builder.engine.base import BuildRequest
+from builder.engine.protocol import BuildRequest
 from builder.engine.docker import DockerEngine, find_buildkit_client
 from builder.errors import BuildFailure, UserError
-from builder.hostnet import host_network
+from builder.engine.host_network import host_network
 
 pytestmark = pytest.mark.engine
 

@@ -9,9 +9,9 @@ import uuid
 import pytest
 from engine_helpers import EPOCH, TEST_BASE_TAG, base_image, write_context  # noqa: F401
 
-from builder.engine.base import BuildRequest
+from builder.engine.protocol import BuildRequest
 from builder.engine.buildah import BuildahEngine
-from builder.hostnet import CA_SECRET_ID, ca_bundle, host_network, parse_hosts
+from builder.engine.host_network import CA_SECRET_ID, ca_bundle, host_network, parse_hosts
 
 HOSTS = """\
 127.0.0.1 localhost
@@ -43,10 +43,18 @@ def test_host_network_reads_hosts_file_and_ca_bundle(tmp_path, monkeypatch):
     assert host_network(tmp_path / "no-hosts").add_hosts == ()
 
 
-def test_ca_bundle_falls_back_to_debians(monkeypatch):
+def test_ca_bundle_prefers_a_named_file_then_falls_back_to_debians_then_to_none(monkeypatch, tmp_path):
     for variable in ("SSL_CERT_FILE", "PIP_CERT", "REQUESTS_CA_BUNDLE"):
         monkeypatch.delenv(variable, raising=False)
-    assert str(ca_bundle()) in ("/etc/ssl/certs/ca-certificates.crt", "None")
+    debians, named = tmp_path / "ca-certificates.crt", tmp_path / "proxy-ca.pem"
+    debians.write_text("debian's bundle\n")
+    named.write_text("the proxy's CA\n")
+    assert ca_bundle(debians) == debians
+    assert ca_bundle(tmp_path / "absent.crt") is None
+    monkeypatch.setenv("PIP_CERT", str(tmp_path / "missing.pem"))  # named but absent: skipped
+    assert ca_bundle(debians) == debians
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(named))
+    assert ca_bundle(debians) == named
 
 
 def layer_files(archive_path):

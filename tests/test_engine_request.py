@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from builder.engine import ENGINE_NAMES, get_engine
-from builder.engine.base import BuildRequest, check_request_inputs, layers_from_history
+from builder.engine.protocol import BuildRequest, check_request_inputs, layers_from_history
 from builder.engine.buildah import BuildahEngine, base_image_refs
 from builder.engine.docker import BuildKitClient, DockerEngine
 from builder.errors import UserError

@@ -12,33 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from builder import baselines, lock
+from builder.config import reference_figures
+from builder.publish import lock
 from builder.errors import BuildFailure, UserError
-from builder.matrix import load_matrix
-from builder.resolve import PLATFORM, Distribution, Resolution
+from builder.config.matrix import load_matrix
+from support import IMAGE, OTHER_IMAGE, bench_report, dist, resolution_of
 
 REPO = Path(__file__).resolve().parent.parent
 MATRIX = load_matrix(REPO / "matrix.toml")
 CU128 = MATRIX.stack("sglang-0.5.9-cu128")
 CU130 = MATRIX.stack("sglang-0.5.9-cu130")
-IMAGE = "sha256:" + "1" * 64
-OTHER_IMAGE = "sha256:" + "2" * 64
-
-
-def dist(name, version, group, source="default index", url=None, hashes=None):
-    sha = (name.encode().hex() * 64)[:64]
-    return Distribution(name=name, version=version, sha256=sha, wheel=f"{name.replace('-', '_')}-{version}-py3-none-any.whl",
-                        hashes=tuple(hashes or (sha,)), source=source, group=group, url=url)
-
-
-def resolution_of(stack, *extra):
-    indexes = tuple(dict.fromkeys(p.index for p in stack.packages if p.index))
-    distributions = [dist(p.name, p.version, group, source=p.url or p.index or "default index", url=p.url)
-                     for group in ("torch", "kernels", "sglang") for p in stack.packages_in_group(group)]
-    return Resolution(stack.python, PLATFORM, indexes, "unsafe-best-match" if indexes else "first-index",
-                      tuple(sorted([*distributions, *extra], key=lambda d: d.name)))
-
-
 @pytest.fixture
 def path(tmp_path):
     return tmp_path / "matrix.lock"
@@ -46,14 +29,7 @@ def path(tmp_path):
 
 def locked(path, stack=CU128, *extra):
     lock.lock_stacks([stack], path=path, resolver=lambda s: resolution_of(s, *extra),
-                     references=baselines.load(stacks=MATRIX.all_rows()))
-
-
-def bench_report(mode="eagle3", tok_s=55.0, verdict="pass", stack="sglang-0.5.9-cu128"):
-    """Shaped as builder/runtime/bench.py writes it (schema 1)."""
-    return {"schema": 1, "stack": stack, "mode": mode, "model": "/models/test", "gpus": ["NVIDIA RTX PRO 6000 Blackwell"] * 8,
-            "tok_s": tok_s, "ttft_ms": 210.0, "reference_tok_s": 54.1, "verdict": verdict,
-            "workload": {"concurrency": 1, "input_len": 1024, "output_len": 512}}
+                     references=reference_figures.load(MATRIX.project.reference_figures, stacks=MATRIX.all_rows()))
 
 
 # --- atomic writes and concurrent writers ----------------------------------------------------
@@ -225,7 +201,7 @@ def test_build_records_its_whole_outcome_in_one_write_then_pin(path, monkeypatch
     assert entry["image"]["report"] == "build-reports/sglang-0.5.9-cu128.json"
     assert entry["image"]["provenance"] == "build-reports/sglang-0.5.9-cu128.provenance.json"
     assert (entry["image"]["inputs_hash"], entry["image"]["source_date_epoch"]) == ("f" * 64, 1767225600)
-    references = baselines.load(stacks=MATRIX.all_rows())[CU128.name]
+    references = reference_figures.load(MATRIX.project.reference_figures, stacks=MATRIX.all_rows())[CU128.name]
     pinned = lock.pin(CU128, references, path)
     assert pinned["status"] == "pinned" == lock.entry(CU128, path)["status"]
     assert lock.entry(CU128, path)["pinned"] == {"image_id": IMAGE, "digest": None}
@@ -299,14 +275,14 @@ def test_bench_regression_is_recorded_and_refuses_the_pin(path, tmp_path):
     report = tmp_path / "bench-eagle3.json"
     report.write_text(json.dumps(bench_report(tok_s=40.0, verdict="regression")))
     with pytest.raises(BuildFailure, match="^sglang-0.5.9-cu128 cannot be pinned: bench regression in eagle3$"):
-        lock.pin_stack(CU128, [], [report], path)
+        lock.pin_stack(CU128, [], [report], path=path)
     measured = lock.entry(CU128, path)["bench"]["measured"]
     assert [(f["mode"], f["tok_s"], f["hardware"], f["model"]) for f in measured] == [
         ("eagle3", 40.0, "8x NVIDIA RTX PRO 6000 Blackwell", "/models/test")]
     assert lock.entry(CU128, path)["status"] == "smoke-passed"
     # A better measurement replaces it and the pin goes through.
     report.write_text(json.dumps(bench_report(tok_s=55.0)))
-    assert lock.pin_stack(CU128, [], [report], path)["status"] == "pinned"
+    assert lock.pin_stack(CU128, [], [report], path=path)["status"] == "pinned"
     assert [f["tok_s"] for f in lock.entry(CU128, path)["bench"]["measured"]] == [55.0]
 
 
@@ -320,7 +296,7 @@ def test_bench_report_for_another_stack_or_malformed_is_refused(path, tmp_path):
     broken = tmp_path / "broken.json"
     broken.write_text("{")
     with pytest.raises(UserError, match="broken.json:1: not valid JSON"):
-        lock.pin_stack(CU128, [], [broken], path)
+        lock.pin_stack(CU128, [], [broken], path=path)
 
 
 def test_records_for_a_stack_never_locked_say_how_to_lock_it(path):

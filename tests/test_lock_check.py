@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from builder import context, lock, lock_check
-from builder.matrix import load_matrix
+from builder.image import context
+from builder.publish import lock, lock_check
+from builder.config.matrix import load_matrix
 from support import REPO, run_builder
 
 BASE = "sha256:" + "b" * 64

@@ -7,10 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from builder import baselines, lock, render
-from builder.cli import main
+from builder.config import reference_figures
+from builder.image import render
+from builder.publish import lock
+from builder.cli.main import main
 from builder.errors import UserError
-from builder.matrix import load_matrix
+from builder.config.matrix import load_matrix
+from support import IMAGE, bench_report, resolution_of
 
 REPO = Path(__file__).resolve().parent.parent
 MATRIX_TEXT = (REPO / "matrix.toml").read_text()
@@ -42,6 +45,8 @@ def test_lock_with_unreachable_sources_exits_2_and_writes_nothing(tmp_path, lock
         text = text.replace(source, dead[name])
     matrix = tmp_path / "matrix.toml"
     matrix.write_text(text)
+    (tmp_path / "patches").symlink_to(REPO / "patches")
+    (tmp_path / "bench").symlink_to(REPO / "bench")
     status, out, err = run(capsys, "lock", "--matrix", str(matrix), "--stack", "sglang-0.5.9-cu130")
     assert status == 2
     assert err == (
@@ -68,18 +73,16 @@ def test_pin_refuses_a_stack_that_was_never_built(lock_path, capsys):
 
 
 def test_pin_promotes_a_smoke_tested_image_with_its_reference_figures(lock_path, tmp_path, capsys, record_image):
-    from test_lock import IMAGE, bench_report, resolution_of  # the same fixtures as the lock tests
-
     stack = MATRIX.stack("sglang-0.5.9-cu130")
-    lock.lock_stacks([stack], resolver=resolution_of)
-    record_image(stack, IMAGE, ["sglang:0.5.9-cu130-abc"])
+    lock.lock_stacks([stack], path=lock_path, resolver=resolution_of)
+    record_image(stack, IMAGE, ["sglang:0.5.9-cu130-abc"], lock_path)
     report = tmp_path / "bench.json"
     report.write_text(json.dumps(bench_report(mode="baseline", tok_s=90.2, stack=stack.name)))
     status, out, err = run(capsys, "pin", stack.name, "--bench", str(report))
     assert (status, err) == (0, "")
     assert out == (f"sglang-0.5.9-cu130: pinned image {IMAGE} (3 reference figure(s); "
                    "measured: baseline 90.2 tok/s)\n")
-    entry = lock.entry(stack)
+    entry = lock.entry(stack, lock_path)
     assert entry["status"] == "pinned"
     assert [(f["mode"], f.get("attention_backend"), f["tok_s"], f["baseline"]) for f in entry["bench"]["reference"]] == [
         ("baseline", "flashinfer", 89.5, True), ("baseline", "triton", 83.9, False), ("eagle3", None, 96.1, True)]
@@ -91,7 +94,7 @@ def test_pin_promotes_a_smoke_tested_image_with_its_reference_figures(lock_path,
 
 
 def test_reference_figures_are_the_deployments():
-    figures = baselines.load(stacks=MATRIX.all_rows())
+    figures = reference_figures.load(MATRIX.project.reference_figures, stacks=MATRIX.all_rows())
     flat = {(stack, f["mode"], f.get("attention_backend")): f["tok_s"] for stack, fs in figures.items() for f in fs}
     assert flat == {
         ("sglang-0.5.9-cu130", "baseline", "flashinfer"): 89.5,
@@ -104,9 +107,9 @@ def test_reference_figures_are_the_deployments():
 def test_each_baseline_figure_reaches_its_mode_with_the_backend_it_runs():
     """The figure marked baseline for a mode is what the image's stack.json pins, and it was measured
     with the attention backend the mode runs."""
-    figures = baselines.load(stacks=MATRIX.all_rows())
+    figures = reference_figures.load(MATRIX.project.reference_figures, stacks=MATRIX.all_rows())
     for stack in MATRIX.registry_stacks:
-        pinned = render.pinned_figures(stack)
+        pinned = render.pinned_figures(stack, MATRIX.project.reference_figures)
         for mode in stack.serve.modes:
             marked = [f for f in figures.get(stack.name, []) if f["mode"] == mode.name and f["baseline"]]
             assert [f["tok_s"] for f in marked] == ([pinned[mode.name]] if mode.name in pinned else [])
@@ -133,5 +136,5 @@ def test_bad_reference_files_are_one_line_errors(tmp_path, old, new, message):
     path = tmp_path / "reference.toml"
     path.write_text(REFERENCE_TEXT.replace(old, new, 1))
     with pytest.raises(UserError) as failure:
-        baselines.load(path, stacks=MATRIX.all_rows())
+        reference_figures.load(path, stacks=MATRIX.all_rows())
     assert str(failure.value) == f"{path}: {message}"

@@ -7,16 +7,19 @@ from pathlib import Path
 
 import pytest
 
-from builder.cli import main
-from builder.matrix import MatrixError, load_matrix
+from builder.cli.main import main
+from builder.config.matrix import MatrixError, load_matrix
 
 REPO = Path(__file__).resolve().parent.parent
 MATRIX_TEXT = (REPO / "matrix.toml").read_text()
 
 
 def write_matrix(tmp_path: Path, text: str) -> Path:
+    """A project of its own: the matrix, with the repository's patch series beside it."""
     path = tmp_path / "matrix.toml"
     path.write_text(text)
+    if not (tmp_path / "patches").exists():
+        (tmp_path / "patches").symlink_to(REPO / "patches")
     return path
 
 

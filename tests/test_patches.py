@@ -19,11 +19,13 @@ from pathlib import Path
 
 import pytest
 
-from builder import cli, patches
+from builder.cli import main as cli_main
+from builder.image import patch_series
 from builder.errors import UserError
-from builder.runtime import apply_patch, stackinfo
+from builder.runtime import apply_patch
 
 REPO = Path(__file__).resolve().parent.parent
+PATCHES = REPO / "patches"
 APPLY_PATCH = REPO / "builder" / "runtime" / "apply_patch.py"
 EPOCH = "1767225600"
 
@@ -245,20 +247,11 @@ def test_series_order_hash_and_files(tmp_path: Path, patch_file: Path):
         "# comment line\n0002-b.patch  # trailing comment\n\n0001-a.patch\n",
         {"0001-a.patch": text, "0002-b.patch": other},
     )  # fmt: skip
-    found = patches.series_for("Demo_Pkg", "1.0", root=tmp_path)
+    found = patch_series.series_for("Demo_Pkg", "1.0", root=tmp_path)
     assert [p.name for p in found] == ["0002-b.patch", "0001-a.patch"]
     assert found[1].sha256 == hashlib.sha256(text.encode()).hexdigest()
     assert found[0].files == ("demo/other.py",)
     assert found[0].distribution == "demo-pkg"
-    assert found[1].image_path == "/opt/builder/patches/demo-pkg/1.0/0001-a.patch"
-
-
-def test_record_matches_the_stack_json_contract(tmp_path: Path, patch_file: Path):
-    write_series(tmp_path, "demo", "1.0", "0001-a.patch\n", {"0001-a.patch": patch_file.read_text()})
-    record = patches.series_for("demo", "1.0", root=tmp_path)[0].record()
-    documented = "{" + '"package", "version", "name", "sha256", "path", "files"' + "}"
-    assert documented in stackinfo.__doc__
-    assert sorted(record) == sorted(["package", "version", "name", "sha256", "path", "files"])
 
 
 @pytest.mark.parametrize(
@@ -277,19 +270,19 @@ def test_bad_series_is_refused(tmp_path: Path, patch_file: Path, series, files, 
     texts = {name: (patch_file.read_text() if text == "P" else text) for name, text in files.items()}
     write_series(tmp_path, "demo", "1.0", series, texts)
     with pytest.raises(UserError, match=re.escape(message)):
-        patches.series_for("demo", "1.0", root=tmp_path)
+        patch_series.series_for("demo", "1.0", root=tmp_path)
 
 
 def test_unknown_version_names_the_missing_series(tmp_path: Path):
     with pytest.raises(UserError, match=r"no patch series for sglang 9\.9\.9"):
-        patches.series_for("sglang", "9.9.9", root=tmp_path)
+        patch_series.series_for("sglang", "9.9.9", root=tmp_path)
     with pytest.raises(UserError, match="'latest' is not a valid version"):
-        patches.series_for("sglang", "latest", root=tmp_path)
+        patch_series.series_for("sglang", "latest", root=tmp_path)
 
 
 def test_repository_series_cover_the_sm120_gaps():
-    assert patches.all_series() == [("flashinfer-python", "0.6.4"), ("sglang", "0.5.9")]
-    sglang = patches.series_for("sglang", "0.5.9")
+    assert patch_series.all_series(PATCHES) == [("flashinfer-python", "0.6.4"), ("sglang", "0.5.9")]
+    sglang = patch_series.series_for("sglang", "0.5.9", PATCHES)
     assert [p.files for p in sglang] == [
         (
             "sglang/srt/distributed/device_communicators/all_reduce_utils.py",
@@ -298,10 +291,10 @@ def test_repository_series_cover_the_sm120_gaps():
         ("sglang/srt/server_args.py",),
         ("sglang/srt/layers/communicator.py",),
     ]
-    flashinfer = patches.series_for("flashinfer-python", "0.6.4")
+    flashinfer = patch_series.series_for("flashinfer-python", "0.6.4", PATCHES)
     assert [p.files for p in flashinfer] == [("flashinfer/jit/comm.py",)]
     for patch in sglang + flashinfer:
-        header = patches.patch_header(patch.path)
+        header = patch_series.patch_header(patch.path)
         assert "What:" in header and "Why:" in header and "Upstream:" in header, patch.name
         assert patch.path.stat().st_size < 64 * 1024, patch.name
         # Nothing an environment variable already does belongs in a patch.
@@ -331,21 +324,21 @@ def demo_root(tmp_path: Path, patch_file: Path) -> Path:
 def test_check_series_applies_in_a_temporary_tree(tmp_path: Path, demo_root: Path):
     cache = tmp_path / "cache"
     wheel = build_wheel(cache, "1.0", module_source())
-    check = patches.check_series("demo", "1.0", root=demo_root, cache=cache)
+    check = patch_series.check_series("demo", "1.0", root=demo_root, cache=cache)
     assert check.ok
     assert check.wheel == wheel.name
     assert check.wheel_sha256 == hashlib.sha256(wheel.read_bytes()).hexdigest()
     assert check.results[0].compiled == ("demo/table.py",)
-    lines = patches.format_check(check)
+    lines = patch_series.format_check(check)
     assert lines[1].startswith("  applied 0001-demo-sm120.patch sha256 ")
 
 
 def test_check_series_reports_the_failing_hunk(tmp_path: Path, demo_root: Path):
     cache = tmp_path / "cache"
     build_wheel(cache, "1.0", module_source().replace("    10: {2", "    10: {1"))
-    check = patches.check_series("demo", "1.0", root=demo_root, cache=cache)
+    check = patch_series.check_series("demo", "1.0", root=demo_root, cache=cache)
     assert not check.ok
-    assert patches.format_check(check)[1:] == [
+    assert patch_series.format_check(check)[1:] == [
         "  FAILED  0001-demo-sm120.patch",
         "    demo/table.py: hunk #1 (@@ -3,6 +3,7 @@) FAILED at line 3",
     ]
@@ -354,9 +347,9 @@ def test_check_series_reports_the_failing_hunk(tmp_path: Path, demo_root: Path):
 def test_refresh_regenerates_offsets_and_leaves_fuzz_to_a_person(tmp_path: Path, demo_root: Path, patch_file: Path):
     cache = tmp_path / "cache"
     build_wheel(cache, "1.1", module_source(shift=4))
-    outcomes = patches.refresh_series("demo", "1.0", "1.1", root=demo_root, cache=cache)
+    outcomes = patch_series.refresh_series("demo", "1.0", "1.1", root=demo_root, cache=cache)
     assert outcomes == [
-        patches.Refreshed(
+        patch_series.Refreshed(
             "0001-demo-sm120.patch", True, ("demo/table.py: hunk #1 (@@ -3,6 +3,7 @@) offset +4 lines",)
         )
     ]
@@ -364,57 +357,57 @@ def test_refresh_regenerates_offsets_and_leaves_fuzz_to_a_person(tmp_path: Path,
     assert refreshed.startswith(HEADER)
     assert "@@ -7,6 +7,7 @@" in refreshed
     assert (demo_root / "demo" / "1.1" / "series").read_text().splitlines()[1:] == ["0001-demo-sm120.patch"]
-    again = patches.check_series("demo", "1.1", root=demo_root, cache=cache)
+    again = patch_series.check_series("demo", "1.1", root=demo_root, cache=cache)
     assert again.ok and again.results[0].offsets == ()
 
     build_wheel(cache, "1.2", module_source().replace("SIZES = {", "SIZES = {  # by capability"))
-    fuzzy = patches.refresh_series("demo", "1.0", "1.2", root=demo_root, cache=cache)
+    fuzzy = patch_series.refresh_series("demo", "1.0", "1.2", root=demo_root, cache=cache)
     assert fuzzy == [
-        patches.Refreshed(
+        patch_series.Refreshed(
             "0001-demo-sm120.patch", False, ("demo/table.py: hunk #1 (@@ -3,6 +3,7 @@) matched with fuzz 1",)
         )
     ]
     assert not (demo_root / "demo" / "1.2" / "0001-demo-sm120.patch").exists()
     with pytest.raises(UserError, match="lists 0001-demo-sm120.patch, which does not exist"):
-        patches.series_for("demo", "1.2", root=demo_root)
+        patch_series.series_for("demo", "1.2", root=demo_root)
 
 
 def test_refresh_refuses_an_existing_target(demo_root: Path, tmp_path: Path):
     with pytest.raises(UserError, match="already exists"):
-        patches.refresh_series("demo", "1.0", "1.0", root=demo_root, cache=tmp_path / "cache")
+        patch_series.refresh_series("demo", "1.0", "1.0", root=demo_root, cache=tmp_path / "cache")
 
 
 # --- the CLI ---------------------------------------------------------------------------
 
 
 def test_cli_check_exit_codes(tmp_path: Path, demo_root: Path, monkeypatch, capsys):
-    monkeypatch.setattr(patches, "PATCHES_ROOT", demo_root)
+    monkeypatch.chdir(demo_root.parent)  # the project: patches/ beside the (default) matrix.toml
     monkeypatch.setenv("BUILDER_CACHE", str(tmp_path / "builder-cache"))
     build_wheel(tmp_path / "builder-cache" / "dists", "1.0", module_source())
-    assert cli.main(["patches", "check", "--package", "demo", "--version", "1.0"]) == 0
+    assert cli_main.main(["patches", "check", "--package", "demo", "--version", "1.0"]) == 0
     assert "applied 0001-demo-sm120.patch" in capsys.readouterr().out
 
     (demo_root / "demo" / "1.0" / "0001-demo-sm120.patch").write_text(
-        patches.patch_header(demo_root / "demo" / "1.0" / "0001-demo-sm120.patch")
+        patch_series.patch_header(demo_root / "demo" / "1.0" / "0001-demo-sm120.patch")
         + make_diff(tmp_path, "demo/table.py", module_source("    11: {},"), module_source(NEW_ROW))
     )
-    assert cli.main(["patches", "check"]) == 1
+    assert cli_main.main(["patches", "check"]) == 1
     out = capsys.readouterr().out
     assert "FAILED  0001-demo-sm120.patch" in out and "demo/table.py: hunk #1" in out
 
 
 def test_cli_refresh_exit_codes(tmp_path: Path, demo_root: Path, monkeypatch, capsys):
-    monkeypatch.setattr(patches, "PATCHES_ROOT", demo_root)
+    monkeypatch.chdir(demo_root.parent)
     monkeypatch.setenv("BUILDER_CACHE", str(tmp_path / "builder-cache"))
     build_wheel(tmp_path / "builder-cache" / "dists", "1.1", module_source(shift=2))
     build_wheel(tmp_path / "builder-cache" / "dists", "1.2", module_source().replace("    10: {2", "    10: {1"))
 
-    assert cli.main(["patches", "refresh", "--package", "demo", "--from", "1.0", "--to", "1.1"]) == 0
+    assert cli_main.main(["patches", "refresh", "--package", "demo", "--from", "1.0", "--to", "1.1"]) == 0
     out = capsys.readouterr().out
     assert "  refreshed 0001-demo-sm120.patch\n    demo/table.py: hunk #1 (@@ -3,6 +3,7 @@) offset +2 lines" in out
     assert out.rstrip().endswith(f"wrote {demo_root / 'demo' / '1.1'}")
 
-    assert cli.main(["patches", "refresh", "--package", "demo", "--from", "1.0", "--to", "1.2"]) == 1
+    assert cli_main.main(["patches", "refresh", "--package", "demo", "--from", "1.0", "--to", "1.2"]) == 1
     out = capsys.readouterr().out
     assert "  NEEDS A PERSON 0001-demo-sm120.patch\n    demo/table.py: hunk #1 (@@ -3,6 +3,7 @@) FAILED at line 3" in out
     assert "still to do by hand: 0001-demo-sm120.patch" in out
@@ -432,6 +425,6 @@ def test_cli_refresh_exit_codes(tmp_path: Path, demo_root: Path, monkeypatch, ca
     ],
 )
 def test_cli_bad_input_exits_2(argv, message, capsys):
-    assert cli.main(argv) == 2
+    assert cli_main.main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("builder: error: ") and message in err

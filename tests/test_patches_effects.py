@@ -26,7 +26,8 @@ from pathlib import Path
 
 import pytest
 
-from builder import patches
+from builder.image import patch_series
+from support import REPO
 
 torch = pytest.importorskip("torch", reason="the patched modules import torch (the CPU build is enough)")
 import torch.distributed  # noqa: E402
@@ -53,9 +54,9 @@ class Placeholder(types.ModuleType):
 def unpack_tree(tmp: Path, patched: bool) -> Path:
     site = tmp / ("patched" if patched else "pristine")
     for dist, version in (("sglang", "0.5.9"), ("flashinfer-python", "0.6.4")):
-        patches.unpack(patches.fetch_wheel(dist, version), site)
+        patch_series.unpack(patch_series.fetch_wheel(dist, version), site)
         if patched:
-            results = patches.apply_series(patches.series_for(dist, version), site)
+            results = patch_series.apply_series(patch_series.series_for(dist, version, REPO / "patches"), site)
             assert all(r.ok for r in results), [r.problems for r in results]
     return site
 

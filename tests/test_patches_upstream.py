@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from builder import patches
+from builder.image import patch_series
 from builder.runtime import apply_patch
 
 pytestmark = pytest.mark.network
@@ -25,7 +25,7 @@ SERVER_ARGS_HUNK_2 = "sglang/srt/server_args.py: hunk #2 (@@ -1688,7 +1688,7 @@)
 
 def copy_series(tmp_path: Path, dist: str, version: str, as_version: str | None = None) -> Path:
     root = tmp_path / "patches"
-    shutil.copytree(patches.series_dir(dist, version), root / dist / (as_version or version))
+    shutil.copytree(patch_series.series_dir(dist, version), root / dist / (as_version or version))
     return root
 
 
@@ -37,8 +37,8 @@ def copy_series(tmp_path: Path, dist: str, version: str, as_version: str | None 
     ],
 )
 def test_series_applies_strictly_and_compiles(dist, version, patched):
-    check = patches.check_series(dist, version)
-    assert check.ok, patches.format_check(check)
+    check = patch_series.check_series(dist, version)
+    assert check.ok, patch_series.format_check(check)
     assert check.wheel.startswith(f"{dist.replace('-', '_')}-{version}-")
     assert all(r.offsets == () for r in check.results), "patches were made against these very files"
     assert sum(len(r.compiled) for r in check.results) == patched
@@ -49,7 +49,7 @@ def test_image_step_on_a_pip_installed_site_packages(tmp_path: Path):
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     python = venv / "bin" / "python"
-    wheels = [patches.fetch_wheel("sglang", "0.5.9"), patches.fetch_wheel("flashinfer-python", "0.6.4")]
+    wheels = [patch_series.fetch_wheel("sglang", "0.5.9"), patch_series.fetch_wheel("flashinfer-python", "0.6.4")]
     subprocess.run(
         [sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet", "--no-deps", "--no-index",
          *map(str, wheels)],
@@ -60,7 +60,8 @@ def test_image_step_on_a_pip_installed_site_packages(tmp_path: Path):
         capture_output=True, text=True, check=True,
     ).stdout.strip()  # fmt: skip
     site = Path(purelib)
-    series = patches.series_for("sglang", "0.5.9") + patches.series_for("flashinfer-python", "0.6.4")
+    series = (patch_series.series_for("sglang", "0.5.9", REPO / "patches")
+              + patch_series.series_for("flashinfer-python", "0.6.4", REPO / "patches"))
     for patch in series:
         result = subprocess.run(
             [str(python), "-I", str(REPO / "builder/runtime/apply_patch.py"), "--site-packages", str(site),
@@ -110,7 +111,7 @@ def test_corrupted_patch_is_refused_naming_the_hunk(tmp_path: Path):
     target = root / "sglang" / "0.5.9" / "0002-allreduce-fusion-autoenable-sm120.patch"
     text = target.read_text()
     target.write_text(text.replace(' and not is_h20_device\n', ' and not is_h20_gpu\n', 1))
-    check = patches.check_series("sglang", "0.5.9", root=root)
+    check = patch_series.check_series("sglang", "0.5.9", root=root)
     by_name = {r.patch.name: r for r in check.results}
     assert not check.ok
     assert by_name["0002-allreduce-fusion-autoenable-sm120.patch"].problems == (
@@ -120,10 +121,10 @@ def test_corrupted_patch_is_refused_naming_the_hunk(tmp_path: Path):
 
 
 def test_patch_for_the_wrong_version_is_refused_in_the_image_step(tmp_path: Path):
-    wheel = patches.fetch_wheel("sglang", "0.5.10")
-    site = patches.unpack(wheel, tmp_path / "site-packages")
+    wheel = patch_series.fetch_wheel("sglang", "0.5.10")
+    site = patch_series.unpack(wheel, tmp_path / "site-packages")
     before = (site / "sglang/srt/server_args.py").read_bytes()
-    patch = patches.series_dir("sglang", "0.5.9") / "0002-allreduce-fusion-autoenable-sm120.patch"
+    patch = patch_series.series_dir("sglang", "0.5.9") / "0002-allreduce-fusion-autoenable-sm120.patch"
     result = subprocess.run(
         [sys.executable, "-I", str(REPO / "builder/runtime/apply_patch.py"), "--site-packages", str(site), str(patch)],
         capture_output=True, text=True, check=False,
@@ -138,9 +139,9 @@ def test_patch_for_the_wrong_version_is_refused_in_the_image_step(tmp_path: Path
 
 def test_refresh_to_a_real_newer_release(tmp_path: Path):
     root = copy_series(tmp_path, "sglang", "0.5.9")
-    outcomes = {o.name: o for o in patches.refresh_series("sglang", "0.5.9", "0.5.10", root=root)}
+    outcomes = {o.name: o for o in patch_series.refresh_series("sglang", "0.5.9", "0.5.10", root=root)}
 
-    assert outcomes["0001-torch-symm-mem-sm120.patch"] == patches.Refreshed("0001-torch-symm-mem-sm120.patch", True, ())
+    assert outcomes["0001-torch-symm-mem-sm120.patch"] == patch_series.Refreshed("0001-torch-symm-mem-sm120.patch", True, ())
     offsets = outcomes["0003-allreduce-fusion-apply-sm120.patch"]
     assert offsets.ok and offsets.detail == (
         "sglang/srt/layers/communicator.py: hunk #1 (@@ -65,12 +65,14 @@) offset +4 lines",
@@ -158,10 +159,10 @@ def test_refresh_to_a_real_newer_release(tmp_path: Path):
     ]
     assert (new_dir / "0001-torch-symm-mem-sm120.patch").read_text() == (old_dir / "0001-torch-symm-mem-sm120.patch").read_text()
     regenerated = (new_dir / "0003-allreduce-fusion-apply-sm120.patch").read_text()
-    assert regenerated.startswith(patches.patch_header(old_dir / "0003-allreduce-fusion-apply-sm120.patch"))
+    assert regenerated.startswith(patch_series.patch_header(old_dir / "0003-allreduce-fusion-apply-sm120.patch"))
     assert "@@ -69,12 +69,14 @@" in regenerated and "@@ -97,7 +99,7 @@" in regenerated
 
     # The regenerated patches apply to 0.5.10 with no offset at all.
-    site = patches.unpack(patches.fetch_wheel("sglang", "0.5.10"), tmp_path / "site-packages")
+    site = patch_series.unpack(patch_series.fetch_wheel("sglang", "0.5.10"), tmp_path / "site-packages")
     for name in ("0001-torch-symm-mem-sm120.patch", "0003-allreduce-fusion-apply-sm120.patch"):
         assert apply_patch.apply(str(site), str(new_dir / name)).offsets == ()

@@ -19,12 +19,12 @@ import docker
 import pytest
 import requests
 
-from builder import lock, registry
-from builder.cli import main
+from builder.publish import lock, registry
+from builder.cli.main import main
 from builder.errors import BuildFailure, UserError
-from builder.matrix import load_matrix
+from builder.config.matrix import load_matrix
 
-from test_lock import resolution_of
+from support import resolution_of
 
 REPO = Path(__file__).resolve().parent.parent
 STACK = load_matrix(REPO / "matrix.toml").stack("sglang-0.5.9-cu128")

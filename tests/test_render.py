@@ -2,22 +2,25 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from builder import render
-from builder.cli import main
-from builder.matrix import load_matrix
+from builder.image import render
+from builder.cli.main import main
+from builder.config.matrix import load_matrix
+from builder.runtime import stackinfo
 
 REPO = Path(__file__).resolve().parent.parent
 MATRIX = load_matrix(REPO / "matrix.toml")
 
 
 def rendered() -> dict[str, str]:
-    return render.render_all(MATRIX.all_rows(), render.lock_requirements)
+    return render.render_all(MATRIX.all_rows(), MATRIX.project)
 
 
 def test_committed_images_match_rendering():
@@ -25,8 +28,25 @@ def test_committed_images_match_rendering():
     assert render.stale(rendered(), MATRIX.all_rows(), REPO) == []
 
 
-def test_rendering_is_byte_identical_across_runs():
-    assert rendered() == rendered()
+RENDER_DIGEST = """
+import hashlib, json, sys
+from builder.config.matrix import load_matrix
+from builder.runtime import stackinfo
+from builder.image import render
+matrix = load_matrix(sys.argv[1])
+files = render.render_all(matrix.all_rows(), matrix.project)
+print(hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest())
+"""
+
+
+def test_rendering_is_byte_identical_across_processes_and_hash_seeds():
+    """Set and dict order, the one thing that varies between interpreters, must not reach a render."""
+    digests = {
+        subprocess.run([sys.executable, "-c", RENDER_DIGEST, str(REPO / "matrix.toml")], capture_output=True,
+                       text=True, check=True, env={**os.environ, "PYTHONHASHSEED": seed}).stdout
+        for seed in ("1", "2", "3")
+    }
+    assert len(digests) == 1
 
 
 def test_patch_layers_follow_their_package_and_precede_the_tools():
@@ -45,7 +65,7 @@ def test_labels_record_pins_overrides_and_patch_hashes():
     assert 'org.opencontainers.image.created="2026-01-01T00:00:00Z"' in dockerfile
     assert '\\"torch\\":\\"2.9.1+cu130\\"' in dockerfile
     assert '\\"declared\\":\\"==0.6.3\\"' in dockerfile
-    for patch in render.rendered_patches(MATRIX.stack("sglang-0.5.9-cu130")):
+    for patch in render.rendered_patches(MATRIX.stack("sglang-0.5.9-cu130"), MATRIX.project.patches):
         assert patch.sha256 in dockerfile
 
 
@@ -72,6 +92,18 @@ def test_stack_json_carries_serve_profiles():
     assert [p["name"] for p in info["patches"]][0] == "0001-torch-symm-mem-sm120.patch"
 
 
+def test_stack_json_patch_records_keep_the_contract_the_image_reads():
+    """builder/runtime/stackinfo.py documents the keys of each patch record the in-image tools read."""
+    import json
+
+    info = json.loads(rendered()["images/sglang-0.5.9-cu128-local/stack.json"])
+    documented = "{" + '"package", "version", "name", "sha256", "path", "files"' + "}"
+    assert documented in stackinfo.__doc__
+    for record in info["patches"]:
+        assert sorted(record) == sorted(["package", "version", "name", "sha256", "path", "files"])
+        assert record["path"] == f"/opt/builder/patches/{record['package']}/{record['version']}/{record['name']}"
+
+
 @pytest.mark.parametrize("dockerfile", sorted((REPO / "images").glob("*/Dockerfile")), ids=lambda p: p.parent.name)
 def test_hadolint_clean(dockerfile):
     result = subprocess.run(["hadolint", "--no-color", str(dockerfile)], capture_output=True, text=True)
@@ -89,14 +121,29 @@ def test_check_lists_stale_files(tmp_path, capsys, monkeypatch):
                         "images/sglang-0.5.9-cu130/extra.txt (not rendered by any stack)"]
 
 
-def test_check_command_exit_codes(tmp_path, capsys, monkeypatch):
+def project_copy(destination: Path) -> Path:
+    """The files a project is: its matrix, lock, templates, patches and reference figures (no renders)."""
+    for name in ("matrix.toml", "matrix.lock"):
+        shutil.copy(REPO / name, destination / name)
+    for folder in ("templates", "patches"):
+        shutil.copytree(REPO / folder, destination / folder)
+    (destination / "bench").mkdir()
+    shutil.copy(REPO / "bench/reference.toml", destination / "bench/reference.toml")
+    return destination / "matrix.toml"
+
+
+def test_check_command_exit_codes_and_the_project_comes_from_the_matrix(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(REPO)
     assert main(["render", "--check"]) == 0
-    monkeypatch.setattr(render, "REPO_ROOT", tmp_path)
-    assert main(["render", "--check"]) == 1
+    matrix = project_copy(tmp_path)
+    assert main(["render", "--check", "--matrix", str(matrix)]) == 1
     err = capsys.readouterr().err
     assert "stale: images/sglang-0.5.9-cu130/Dockerfile (missing)" in err
     assert "rendered file(s) are stale; run `builder render`" in err
+    assert main(["render", "--matrix", str(matrix)]) == 0
+    assert not (REPO / "images").samefile(tmp_path / "images")
+    assert (tmp_path / "images/sglang-0.5.9-cu130/Dockerfile").read_text() == \
+        (REPO / "images/sglang-0.5.9-cu130/Dockerfile").read_text()
 
 
 def test_render_writes_only_changes(tmp_path):

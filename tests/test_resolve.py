@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from builder import lock, resolve
+from builder.publish import lock, resolve
 from builder.errors import UserError
-from builder.matrix import load_matrix
-from builder.stack import Override, Package
+from builder.config.matrix import load_matrix
+from builder.config.stack import Override, Package
 
 REPO = Path(__file__).resolve().parent.parent
 ROW = load_matrix(REPO / "matrix.toml").stack("sglang-0.5.9-cu128")

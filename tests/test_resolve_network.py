@@ -12,9 +12,9 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from builder import lock, resolve
+from builder.publish import lock, resolve
 from builder.errors import UserError
-from builder.matrix import load_matrix
+from builder.config.matrix import load_matrix
 
 REPO = Path(__file__).resolve().parent.parent
 MATRIX = load_matrix(REPO / "matrix.toml")

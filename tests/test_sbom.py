@@ -18,10 +18,11 @@ import pytest
 from cyclonedx.schema import SchemaVersion
 from cyclonedx.validation.json import JsonStrictValidator
 
-from builder import lock, sbom
+from builder.image import sbom
+from builder.publish import lock
 from builder.errors import BuildFailure
-from builder.matrix import load_matrix
-from builder.resolve import PLATFORM, Distribution, Resolution
+from builder.config.matrix import load_matrix
+from builder.publish.resolve import PLATFORM, Distribution, Resolution
 
 REPO = Path(__file__).resolve().parent.parent
 STACK = load_matrix(REPO / "matrix.toml").stack("sglang-0.5.9-cu128")

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from builder import smoke
-from builder.cli import main
+from builder.image import smoke_gate
+from builder.cli.main import main
 from builder.errors import BuildFailure, UserError
 from builder.runtime import smoke_report
 from engine_helpers import TEST_BASE_TAG, base_image  # noqa: F401  (the real mmdebstrap base, in the daemon)
@@ -20,16 +20,16 @@ BASE_IMAGE = TEST_BASE_TAG
 
 
 def test_gpus_all_is_a_device_request_for_every_gpu():
-    [request] = smoke.device_requests("all")
+    [request] = smoke_gate.device_requests("all")
     assert request["Count"] == -1 and request["Capabilities"] == [["gpu"]]
-    assert smoke.device_requests("2")[0]["Count"] == 2
-    assert smoke.device_requests(None) == []
+    assert smoke_gate.device_requests("2")[0]["Count"] == 2
+    assert smoke_gate.device_requests(None) == []
 
 
 @pytest.mark.parametrize("value", ["two", "0", "-1", ""])
 def test_bad_gpus_value_is_a_usage_error(value):
     with pytest.raises(UserError, match="--gpus takes 'all' or a positive number"):
-        smoke.device_requests(value)
+        smoke_gate.device_requests(value)
 
 
 def test_report_round_trips_through_json():
@@ -102,7 +102,7 @@ def test_smoke_in_a_real_container_passes(smoke_image, capsys):
 
 @pytest.mark.engine
 def test_report_object_for_builder_build(smoke_image, docker_client):
-    report = smoke.run_in_image(smoke_image, only=["versions"], client=docker_client)
+    report = smoke_gate.run_in_image(smoke_image, only=["versions"], client=docker_client)
     assert report.passed is False and report.failures() == ["versions.torch",
                                                             "versions.torch-cuda"]
     as_dict = report.to_dict()
@@ -115,7 +115,7 @@ def test_report_object_for_builder_build(smoke_image, docker_client):
 @pytest.mark.engine
 def test_image_without_the_program_is_a_build_failure(docker_client):
     with pytest.raises(BuildFailure, match=f"smoke checks could not run in {BASE_IMAGE}"):
-        smoke.run_in_image(BASE_IMAGE, client=docker_client)
+        smoke_gate.run_in_image(BASE_IMAGE, client=docker_client)
 
 
 @pytest.mark.engine

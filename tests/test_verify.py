@@ -1,4 +1,4 @@
-"""builder.verify: naming the first differing layer and its files, on hand-made archives and on a
+"""builder.image.layer_diff: naming the first differing layer and its files, on hand-made archives and on a
 real build with a planted non-determinism."""
 
 import hashlib
@@ -9,9 +9,9 @@ import tarfile
 import pytest
 from engine_helpers import EPOCH, TEST_BASE_TAG, base_image, tar_bytes, write_context  # noqa: F401
 
-from builder.engine.base import BuildRequest
+from builder.engine.protocol import BuildRequest
 from builder.errors import UserError
-from builder.verify import FileDifference, build_twice, compare, config_differences, read_image
+from builder.image.layer_diff import FileDifference, build_twice, compare, config_differences, read_image
 
 
 def docker_archive(path, layers, steps, created="2025-01-01T00:00:00Z"):

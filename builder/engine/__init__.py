@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from builder.engine.base import BuildRequest, BuildResult, Engine, ImageInfo, Layer
+from builder.engine.protocol import BuildRequest, BuildResult, Engine, ImageInfo, Layer
 from builder.errors import UserError
 
 ENGINE_NAMES = ("buildah", "docker")

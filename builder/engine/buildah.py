@@ -18,8 +18,8 @@ import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-from builder.engine._process import run_quiet, run_streaming
-from builder.engine.base import (
+from builder.engine.process import run_quiet, run_streaming
+from builder.engine.protocol import (
     BuildRequest,
     BuildResult,
     ImageInfo,

@@ -7,7 +7,7 @@ from pathlib import Path
 import docker
 import docker.errors
 
-from builder.engine.base import ImageInfo, layers_from_history
+from builder.engine.protocol import ImageInfo, layers_from_history
 from builder.errors import BuildFailure, UserError
 
 START_HINT = "start it with scripts/setup-host (or run `dockerd &` as root)"
@@ -17,6 +17,17 @@ class ImageNotFound(UserError):
     pass
 
 
+def docker_client(timeout: int = 600) -> docker.DockerClient:
+    """The one way the builder reaches the local Docker daemon; one line saying how to start it
+    when it is not running."""
+    try:
+        client = docker.from_env(timeout=timeout)
+        client.ping()
+    except docker.errors.DockerException as error:
+        raise UserError(f"Docker daemon not running ({_short(error)}): {START_HINT}") from None
+    return client
+
+
 class DockerDaemon:
     def __init__(self) -> None:
         self._client: docker.DockerClient | None = None
@@ -24,12 +35,7 @@ class DockerDaemon:
     @property
     def client(self) -> docker.DockerClient:
         if self._client is None:
-            try:
-                client = docker.from_env(timeout=600)
-                client.ping()
-            except docker.errors.DockerException as error:
-                raise UserError(f"Docker daemon not running ({_short(error)}): {START_HINT}") from None
-            self._client = client
+            self._client = docker_client()
         return self._client
 
     def check(self) -> None:

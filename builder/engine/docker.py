@@ -18,8 +18,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from builder.engine._process import run_streaming
-from builder.engine.base import BuildRequest, BuildResult, ImageInfo, check_request_inputs, request_flags
+from builder.engine.process import run_streaming
+from builder.engine.protocol import BuildRequest, BuildResult, ImageInfo, check_request_inputs, request_flags
 from builder.engine.daemon import DockerDaemon
 from builder.errors import UserError
 

@@ -1,0 +1,114 @@
+"""`builder base`: make the local Debian base image, load it into the engine, print its digest."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from builder.publish import lock
+from builder.image.local_base import DEFAULT_PACKAGES, BaseSpec, make_base
+from builder.engine import ENGINE_NAMES, get_engine
+from builder.errors import UserError
+from builder.config.matrix import Matrix, load_matrix
+from builder.paths import LOCAL_BASE_REPOSITORY, local_base_tag
+
+DEFAULT_MATRIX = "matrix.toml"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "base",
+        help="build the local Debian base image with mmdebstrap (reproducible)",
+        description="Build a minimal Debian base image with mmdebstrap, bit-for-bit reproducible "
+        "for a given SOURCE_DATE_EPOCH, load it into the engine and print its digest.",
+    )
+    parser.add_argument(
+        "--matrix", default=DEFAULT_MATRIX,
+        help="version matrix whose [local_base] and source_date_epoch give the defaults "
+        "(default: %(default)s; without it: bookworm, $SOURCE_DATE_EPOCH)",
+    )
+    parser.add_argument("--suite", default=None, help="Debian suite (default: the matrix's, else bookworm)")
+    parser.add_argument(
+        "--output", type=Path, default=Path("build/base"),
+        help="directory for the image archive, package list and record (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--source-date-epoch", type=int, default=None,
+        help="timestamp for every file and the image config "
+        "(default: the matrix's source_date_epoch, else $SOURCE_DATE_EPOCH)",
+    )
+    parser.add_argument(
+        "--tag", default="",
+        help=f"image tag (default: {LOCAL_BASE_REPOSITORY}:NAME from the matrix, else :SUITE)",
+    )
+    parser.add_argument(
+        "--mirror", default=None, help="Debian mirror URI (default: apt's default mirror)"
+    )
+    parser.add_argument("--engine", choices=ENGINE_NAMES, default="buildah")
+    parser.add_argument(
+        "--no-load", action="store_true", help="only write the archive; load it into no engine"
+    )
+    parser.add_argument(
+        "--check-reproducible", action="store_true",
+        help="run mmdebstrap twice and fail unless both tarballs are identical",
+    )
+    parser.set_defaults(func=run)
+
+
+def _source_date_epoch(value: int | None) -> int:
+    if value is not None:
+        return value
+    from_env = os.environ.get("SOURCE_DATE_EPOCH")
+    if from_env is None:
+        raise UserError(
+            "no SOURCE_DATE_EPOCH: pass --source-date-epoch or set SOURCE_DATE_EPOCH "
+            "(the wall clock is never used, so the base is reproducible)"
+        )
+    try:
+        return int(from_env)
+    except ValueError:
+        raise UserError(f"SOURCE_DATE_EPOCH must be an integer, got {from_env!r}") from None
+
+
+def spec_from_args(args: argparse.Namespace) -> tuple[BaseSpec, Matrix | None]:
+    """The base to make, and the matrix naming it (None without one): flags override the matrix,
+    the matrix overrides $SOURCE_DATE_EPOCH."""
+    matrix_path = Path(args.matrix)
+    if matrix_path.is_file() or args.matrix != DEFAULT_MATRIX:
+        matrix = load_matrix(matrix_path)
+        local = matrix.local_base
+        name = local["name"]
+        epoch = args.source_date_epoch if args.source_date_epoch is not None else matrix.source_date_epoch
+        spec = BaseSpec(
+            source_date_epoch=_checked(epoch),
+            suite=args.suite or local.get("suite", "bookworm"),
+            packages=tuple(local.get("packages", ())) or DEFAULT_PACKAGES,
+            mirror=args.mirror,
+            tag=args.tag or local_base_tag(name),
+        )
+        return spec, matrix
+    epoch = _checked(_source_date_epoch(args.source_date_epoch))
+    return BaseSpec(source_date_epoch=epoch, suite=args.suite or "bookworm", mirror=args.mirror,
+                    tag=args.tag), None
+
+
+def _checked(epoch: int) -> int:
+    if epoch < 0:
+        raise UserError(f"SOURCE_DATE_EPOCH must not be negative, got {epoch}")
+    return epoch
+
+
+def run(args: argparse.Namespace) -> int:
+    spec, matrix = spec_from_args(args)
+    engine = None if args.no_load else get_engine(args.engine)
+    if engine is not None:
+        engine.check()
+    result = make_base(spec, args.output, engine=engine, check_reproducible=args.check_reproducible)
+    print(f"base {result.tag}: {result.image_id}")
+    print(f"  archive {result.archive} (layer {result.rootfs_sha256}, {result.rootfs_bytes} bytes)")
+    if matrix is not None and engine is not None:
+        stacks = lock.record_base(matrix.local_base["name"], result.image_id, matrix.project.lock)
+        if stacks:
+            print(f"  recorded in the lock for: {', '.join(stacks)}")
+    return 0

@@ -1,0 +1,24 @@
+"""`builder smoke IMAGE [--gpus all] [--json FILE]`: run the in-image checks."""
+
+from __future__ import annotations
+
+from builder.image import smoke_gate
+from builder.runtime.smoke import CHECKS
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "smoke", help="run the ABI/import/GPU smoke checks inside an image",
+        description="Run /opt/builder/runtime/smoke.py inside IMAGE and report each check.")
+    parser.add_argument("image", metavar="IMAGE", help="image reference (tag or digest)")
+    parser.add_argument("--gpus", metavar="all|N",
+                        help="pass GPUs into the container, like docker run --gpus")
+    parser.add_argument("--json", dest="json_path", metavar="FILE",
+                        help="also write the report as JSON to FILE")
+    parser.add_argument("--only", nargs="+", choices=sorted(CHECKS), metavar="CHECK",
+                        help=f"run only these checks ({', '.join(CHECKS)})")
+    parser.set_defaults(func=run)
+
+
+def run(args) -> int:
+    return smoke_gate.smoke(args.image, args.gpus, args.json_path, args.only)

@@ -1,0 +1,181 @@
+"""`builder build`: rendered stack -> image on a real engine -> smoke gate -> tags, report, lock.
+
+The engine gets a context assembled from exactly the files the inputs hash covers (builder/context.py),
+so one set of inputs names one image. A build lands under a candidate tag; the immutable tag must not
+already name another image (builder/immutable.py); only when the smoke checks pass does the
+immutable tag point at it and the moving tag move. A failed build or smoke test leaves every
+existing tag where it was. What the image is (report, SBOM) is tracked and reproducible; how this
+run went (commit, host, times) goes to the provenance record, which is not.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from builder.engine import host_network
+from builder.image import context, immutable, provenance, render, sbom, smoke_gate, tags
+from builder.publish import lock
+from builder.engine import get_engine
+from builder.engine.protocol import BuildRequest, BuildResult, Engine
+from builder.errors import BuildFailure, UserError
+from builder.files import write_atomic
+from builder.engine.progress import Progress
+from builder.config.stack import Stack
+from builder.paths import Project
+
+@dataclass(frozen=True)
+class BuildOutcome:
+    stack: str
+    image_id: str
+    immutable_tag: str
+    moving_tag: str
+    report_path: Path
+    provenance_path: Path
+    durations_s: dict
+
+
+def build_request(stack: Stack, context_dir: Path, dockerfile: Path, candidate: str, no_cache: bool,
+                  progress: Progress) -> BuildRequest:
+    network = host_network.host_network()
+    return BuildRequest(
+        context_dir=context_dir,
+        dockerfile=dockerfile,
+        tags=(candidate,),
+        source_date_epoch=stack.source_date_epoch,
+        build_args={"SOURCE_DATE_EPOCH": str(stack.source_date_epoch)},
+        add_hosts=network.add_hosts,
+        secrets=network.secrets,
+        no_cache=no_cache,
+        progress=progress.line,
+    )
+
+
+def check_base(stack: Stack, engine: Engine, digest: str) -> None:
+    """A local base is known by a tag, so the image id behind it must be the one the lock records."""
+    if not stack.base.local:
+        return
+    if not digest:
+        raise UserError(f"{stack.name}: matrix.lock records no digest for the local base: run `builder base`")
+    held = engine.image_digest(stack.base.image) if engine.exists(stack.base.image) else None
+    if held is None:
+        raise UserError(f"{stack.name}: base image {stack.base.image} is not in {engine.name}: run `builder base`")
+    if held != digest:
+        raise UserError(f"{stack.name}: base image {stack.base.image} is {held} in {engine.name}, matrix.lock "
+                        f"records {digest}: run `builder base` (it records the digest it makes)")
+
+
+def patch_layer_sizes(result: BuildResult) -> list[dict]:
+    return [
+        {"step": layer.created_by, "bytes": layer.size}
+        for layer in result.layers
+        if "apply_patch.py" in layer.created_by and "--site-packages" in layer.created_by
+    ]
+
+
+def write_report(path: Path, stack: Stack, inputs: context.BuildInputs, result: BuildResult, config: dict,
+                 smoke_report: dict, tag_names: list[str]) -> None:
+    """What the image is: a function of the image and its inputs, never of the run (no times, no host),
+    so rebuilding the same image rewrites the same bytes."""
+    report = {
+        "stack": stack.name,
+        "engine": result.engine,
+        "image_id": result.image_id,
+        "digest": result.image_id,
+        "tags": tag_names,
+        "source_date_epoch": stack.source_date_epoch,
+        "inputs": {
+            "hash": inputs.hash,
+            "base": f"{inputs.base_reference}@{inputs.base_digest or 'unpinned'}",
+            "files": [{"path": f.path, "mode": f"{f.mode:o}", "sha256": f.sha256} for f in inputs.files],
+        },
+        "layers": [{"diff_id": l.diff_id, "bytes": l.size, "step": l.created_by} for l in result.layers],
+        # The config whose sha256 is the image id: what `builder verify --against-lock` compares without the image.
+        "config": dict(config),
+        "patch_layers": patch_layer_sizes(result),
+        "smoke": smoke_report,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, json.dumps(report, indent=2, sort_keys=True) + "\n")
+
+
+def _build_in_context(engine: Engine, stack: Stack, inputs: context.BuildInputs, root: Path, candidate: str,
+                      no_cache: bool, progress: Progress) -> BuildResult:
+    with tempfile.TemporaryDirectory(prefix="builder-context-") as scratch:
+        context_dir = Path(scratch) / "context"
+        dockerfile = context.assemble(inputs, root, context_dir)
+        return engine.build(build_request(stack, context_dir, dockerfile, candidate, no_cache, progress))
+
+
+def build_stack(stack: Stack, engine: Engine, progress: Progress, project: Project,
+                no_cache: bool = False) -> BuildOutcome:
+    root, lock_path = project.root, project.lock
+    render.require_locked(stack, root)
+    entry = lock.check_current(stack, lock_path)
+    base_digest = lock.base_digest(stack, entry)
+    check_base(stack, engine, base_digest)
+    inputs = context.build_inputs(stack, root, base_digest)
+    candidate = tags.candidate_tag(stack, inputs.hash)
+    immutable_tag, moving = tags.immutable_tag(stack, inputs.hash), tags.moving_tag(stack)
+    report_path = project.reports / f"{stack.name}.json"
+    started_on, started = datetime.now(timezone.utc), time.monotonic()
+    progress.stage(f"{stack.name}: building {immutable_tag}")
+    result = _build_in_context(engine, stack, inputs, root, candidate, no_cache, progress)
+    durations = {"build": result.duration_s, "deliver_to_docker": result.deliver_s}
+    try:
+        immutable.check(engine, immutable_tag, result.image_id)
+        progress.stage(f"{stack.name}: smoke checks in {candidate}")
+        smoke_started = time.monotonic()
+        report = smoke_gate.run_in_image(candidate)
+        durations["smoke"] = round(time.monotonic() - smoke_started, 1)
+        smoke_result = report.to_dict()
+        progress.block(report.table())
+        if not smoke_result["passed"]:
+            lock.record_smoke(stack.name, passed=False, report=smoke_result, image_id=result.image_id, path=lock_path)
+            raise BuildFailure(f"{stack.name}: smoke checks failed; {immutable_tag} not tagged")
+        engine.tag(candidate, immutable_tag)
+        engine.tag(candidate, moving)
+    finally:
+        engine.remove(candidate)
+    write_report(report_path, stack, inputs, result, engine.inspect(result.image_id).config, smoke_result,
+                 [immutable_tag, moving])
+    sbom_path = sbom.write_bom(sbom.sbom_path(report_path), stack.name, result.image_id,
+                               entry["distributions"], stack.source_date_epoch)
+    durations["total"] = round(time.monotonic() - started, 1)
+    statement = provenance.statement(
+        inputs, image_id=result.image_id, immutable_tag=immutable_tag, engine=engine.name,
+        engine_version=engine.version(), source=provenance.source_state(root), distributions=entry["distributions"],
+        started=started_on, finished=datetime.now(timezone.utc), durations_s=durations,
+        external={"engine": engine.name, "no_cache": no_cache, "local_base": stack.base.local},
+    )
+    provenance_path = provenance.write(report_path, statement)
+    lock.record_build(stack, lock.ImageRecord(
+        image_id=result.image_id, tags=(immutable_tag, moving), inputs_hash=inputs.hash, base_digest=base_digest,
+        source_date_epoch=stack.source_date_epoch, report=_relative(report_path, root),
+        provenance=_relative(provenance_path, root), sbom=_relative(sbom_path, root),
+    ), smoke_result, lock_path)
+    progress.stage(f"{stack.name}: {immutable_tag} = {result.image_id} ({durations['total']} s)")
+    return BuildOutcome(stack.name, result.image_id, immutable_tag, moving, report_path, provenance_path, durations)
+
+
+def _relative(path: Path, root: Path) -> str:
+    return path.relative_to(root).as_posix()
+
+
+def build_all(stacks: tuple[Stack, ...], engine_name: str, project: Project,
+              no_cache: bool = False) -> list[BuildOutcome]:
+    if not stacks:
+        raise UserError("no stack selected")
+    engine = get_engine(engine_name)
+    engine.check()
+    progress = Progress.for_environment()
+    return [build_stack(stack, engine, progress, project, no_cache) for stack in stacks]
+
+
+def default_engine() -> str:
+    return os.environ.get("BUILDER_ENGINE", "buildah")

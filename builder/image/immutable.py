@@ -1,0 +1,43 @@
+"""Immutable tags never move: a tag named after the inputs hash must keep naming the image those
+inputs made, in every store the engine tags in (buildah's storage and the Docker daemon alike).
+
+When it already names another image, the inputs did not determine the image (something outside
+them reached it), and moving the tag would hide exactly that; the build stops and says where the
+two images part: the first differing layer, or else the differing config fields.
+"""
+
+from __future__ import annotations
+
+from itertools import zip_longest
+
+from builder.engine.protocol import Engine, ImageInfo
+from builder.errors import BuildFailure
+from builder.image.layer_diff import config_differences
+
+_FIELDS_SHOWN = 6
+
+
+def first_difference(held: ImageInfo, built: ImageInfo) -> str:
+    for index, (old, new) in enumerate(zip_longest(held.layers, built.layers)):
+        if old is None or new is None or old.diff_id != new.diff_id:
+            step = (new or old).created_by or "unknown step"
+            return f"first differing layer #{index + 1}, made by: {step[:160]}"
+    fields = config_differences(dict(held.config), dict(built.config))
+    if not fields:
+        return "layers equal; the config differs in fields this store does not show"
+    more = f" and {len(fields) - _FIELDS_SHOWN} more" if len(fields) > _FIELDS_SHOWN else ""
+    return f"all layers equal; config differs in {', '.join(fields[:_FIELDS_SHOWN])}{more}"
+
+
+def check(engine: Engine, tag: str, image_id: str) -> None:
+    """Raise BuildFailure when `tag` names an image other than `image_id` in any of the engine's stores."""
+    for where, store in engine.stores():
+        held = store.image_id(tag)
+        if held is None or held == image_id:
+            continue
+        difference = first_difference(store.inspect(held), store.inspect(image_id))
+        raise BuildFailure(
+            f"immutable tag {tag} already names {held} in {where}, this build made {image_id}: "
+            f"{difference}; no tag moved (the inputs did not determine the image: "
+            f"`builder verify --against-lock` shows why, remove the old image to accept the new one)"
+        )

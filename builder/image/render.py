@@ -1,0 +1,236 @@
+"""Stack rows -> images/<stack>/ (Dockerfile, stack.json, requirements/), byte-identical across runs.
+
+COPY paths are relative to the project: the rendered folder holds what is specific to a stack, and
+COPY takes patches and the in-image tools from where they live, so nothing is duplicated. The build
+assembles its context from exactly those files (builder/image/context.py).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable
+
+import jinja2
+
+from builder.config import reference_figures
+from builder.config.matrix import LOCAL_SUFFIX
+from builder.config.stack import GROUP_ORDER, Stack
+from builder.errors import UserError
+from builder.files import write_atomic
+from builder.image import patch_series
+from builder.paths import TOOLS_DIR, VENV, Project
+from builder.publish import lock
+
+IMAGES = "images"
+LABEL_PREFIX = "dev.sglang-builder"
+GROUP_FILES = {"torch": "10-torch.txt", "kernels": "20-kernels.txt", "sglang": "30-sglang.txt"}
+GROUP_TITLES = {
+    "torch": "torch and the CUDA libraries it pulls in",
+    "kernels": "kernels: sgl-kernel and flashinfer",
+    "sglang": "sglang and its remaining dependencies",
+}
+
+# group -> requirements text with hashes, or None when the stack has no lock entry yet.
+RequirementsSource = Callable[[Stack], "dict[str, str] | None"]
+
+
+@dataclass(frozen=True)
+class RenderedPatch:
+    distribution: str
+    version: str
+    name: str
+    source: str  # path in the build context
+    target: str  # path in the image
+    sha256: str
+    files: tuple[str, ...]
+
+
+def stack_dir(stack: Stack) -> str:
+    return f"{IMAGES}/{stack.name}"
+
+
+def site_packages(stack: Stack) -> str:
+    return f"{VENV}/lib/python{stack.python}/site-packages"
+
+
+def rendered_patches(stack: Stack, patches_root: Path) -> list[RenderedPatch]:
+    result = []
+    for distribution, version in stack.patch_series:
+        for patch in patch_series.series_for(distribution, version, patches_root):
+            source = f"patches/{distribution}/{version}/{patch.name}"
+            result.append(RenderedPatch(distribution, version, patch.name, source,
+                                        f"{TOOLS_DIR}/{source}", patch.sha256, tuple(patch.files)))
+    return result
+
+
+def unlocked_requirements(stack: Stack) -> dict[str, str]:
+    """Exact pins without hashes, for a stack `builder lock` has not resolved: builds refuse these."""
+    texts = {}
+    for group in GROUP_ORDER:
+        lines = [f"# UNLOCKED: run `builder lock --stack {stack.name}` where its indexes are reachable.",
+                 "# pip's --require-hashes refuses this file, so an unlocked stack cannot be built."]
+        for package in stack.packages_in_group(group):
+            if package.index:
+                lines.append(f"--extra-index-url {package.index}")
+            lines.append(package.requirement)
+        texts[group] = "\n".join(lines) + "\n"
+    return texts
+
+
+def is_locked(requirements_text: str) -> bool:
+    return not requirements_text.startswith("# UNLOCKED")
+
+
+def pinned_figures(stack: Stack, figures_path: Path) -> dict[str, float]:
+    """Each serve mode's pinned tok/s (bench/reference.toml); a -local row shares its registry row's."""
+    figures = reference_figures.load(figures_path).get(stack.name.removesuffix(LOCAL_SUFFIX), [])
+    return {f["mode"]: f["tok_s"] for f in figures if f["baseline"]}
+
+
+def stack_json(stack: Stack, patches: list[RenderedPatch], pinned: dict[str, float]) -> dict:
+    return {
+        "schema": 1,
+        "stack": stack.name,
+        "cuda": stack.cuda,
+        "python": stack.python,
+        "target_arch": list(stack.target_arch),
+        "venv": VENV,
+        "distributions": {p.name: p.version for p in stack.packages},
+        "patches": [
+            {"package": p.distribution, "version": p.version, "name": p.name, "sha256": p.sha256,
+             "path": p.target, "files": list(p.files)}
+            for p in patches
+        ],
+        "serve": {
+            "env": dict(stack.serve.env),
+            "cache_dir": stack.serve.cache_dir,
+            "modes": {
+                mode.name: {"args": dict(mode.args), "env": dict(mode.env),
+                            "requires_draft_model": mode.requires_draft_model,
+                            "reference_tok_s": pinned.get(mode.name)}
+                for mode in stack.serve.modes
+            },
+        },
+        "bench": {
+            "input_len": stack.bench.input_len,
+            "output_len": stack.bench.output_len,
+            "num_prompts": stack.bench.num_prompts,
+            "regression_tolerance": stack.bench.regression_tolerance,
+        },
+        "jit_device_code": dict(stack.jit_device_code),
+        "overrides": [
+            {"package": o.package, "declared_by": o.declared_by, "declared": o.declared, "reason": o.reason}
+            for o in stack.overrides
+        ],
+    }
+
+
+def stack_labels(stack: Stack, patches: list[RenderedPatch]) -> list[dict]:
+    """Labels recording what went in: pins, overrides, patch hashes, CUDA and architecture."""
+    compact = {"sort_keys": True, "separators": (",", ":")}
+    values = {
+        "stack": stack.name,
+        "cuda": stack.cuda,
+        "target-arch": ",".join(stack.target_arch),
+        "pins": json.dumps({p.name: p.version for p in stack.packages}, **compact),
+        "overrides": json.dumps([{"package": o.package, "declared_by": o.declared_by,
+                                  "declared": o.declared, "reason": o.reason} for o in stack.overrides], **compact),
+        "patches": json.dumps([{"patch": p.source, "sha256": p.sha256} for p in patches], **compact),
+    }
+    return [{"key": f"{LABEL_PREFIX}.{key}", "value": value} for key, value in values.items()]
+
+
+def _environment(templates: Path) -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(templates),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+
+
+def render_stack(stack: Stack, project: Project, requirements: RequirementsSource) -> dict[str, str]:
+    """Every file of images/<stack>/, relative path -> content."""
+    patches = rendered_patches(stack, project.patches)
+    texts = requirements(stack) or unlocked_requirements(stack)
+    context = stack_dir(stack)
+    created = datetime.fromtimestamp(stack.source_date_epoch, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    serve_port = next((m.args.get("port") for m in stack.serve.modes if "port" in m.args), 30000)
+    dockerfile = _environment(project.templates).get_template("Dockerfile.j2").render(
+        stack=stack,
+        context=context,
+        venv=VENV,
+        site_packages=site_packages(stack),
+        groups=[{"name": g, "file": GROUP_FILES[g], "title": GROUP_TITLES[g]} for g in GROUP_ORDER],
+        patches=patches,
+        created=created,
+        port=serve_port,
+        stack_labels=stack_labels(stack, patches),
+    )
+    files = {f"{context}/Dockerfile": dockerfile,
+             f"{context}/stack.json": json.dumps(stack_json(stack, patches, pinned_figures(stack, project.reference_figures)), indent=2, sort_keys=True) + "\n"}
+    for group in GROUP_ORDER:
+        files[f"{context}/requirements/{GROUP_FILES[group]}"] = texts[group]
+    return files
+
+
+def render_all(stacks: tuple[Stack, ...], project: Project,
+               requirements: RequirementsSource | None = None) -> dict[str, str]:
+    """Every rendered file of `stacks`; requirements come from the project's lock unless given."""
+    requirements = requirements or lock_requirements(project.lock)
+    files: dict[str, str] = {}
+    for stack in stacks:
+        files.update(render_stack(stack, project, requirements))
+    return dict(sorted(files.items()))
+
+
+def write(files: dict[str, str], root: Path) -> list[str]:
+    """Write rendered files; returns the paths whose content changed."""
+    changed = []
+    for relative, content in files.items():
+        path = root / relative
+        if path.is_file() and path.read_text(encoding="utf-8") == content:
+            continue
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, content)
+        changed.append(relative)
+    return changed
+
+
+def stale(files: dict[str, str], stacks: tuple[Stack, ...], root: Path) -> list[str]:
+    """Rendered files that differ from disk, are missing, or exist for these stacks but are not rendered."""
+    problems = []
+    for relative, content in files.items():
+        path = root / relative
+        if not path.is_file():
+            problems.append(f"{relative} (missing)")
+        elif path.read_text(encoding="utf-8") != content:
+            problems.append(f"{relative} (differs)")
+    for stack in stacks:
+        folder = root / stack_dir(stack)
+        if folder.is_dir():
+            for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+                relative = path.relative_to(root).as_posix()
+                if relative not in files:
+                    problems.append(f"{relative} (not rendered by any stack)")
+    return problems
+
+
+def require_locked(stack: Stack, root: Path) -> None:
+    """Refuse to build a stack whose rendered requirements carry no hashes."""
+    for group in GROUP_ORDER:
+        path = root / stack_dir(stack) / "requirements" / GROUP_FILES[group]
+        if not path.is_file():
+            raise UserError(f"{stack.name}: not rendered; run `builder render --stack {stack.name}`")
+        if not is_locked(path.read_text(encoding="utf-8")):
+            raise UserError(f"{stack.name}: not locked; run `builder lock --stack {stack.name}` then `builder render`")
+
+
+def lock_requirements(lock_path: Path) -> RequirementsSource:
+    """Requirements with hashes from the lock, once `builder lock` has resolved the stack."""
+    return lambda stack: lock.requirements_for(stack, lock_path)

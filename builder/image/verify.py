@@ -1,0 +1,194 @@
+"""`builder verify`: two builds from empty storage, compared layer by layer; or, with --against-lock,
+one build of the committed inputs compared with the image the committed lock records.
+
+The base images are exported once from the engine's storage and loaded into
+each fresh storage, so nothing cached by earlier builds can hide a difference.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import subprocess
+import sys
+import tarfile
+from itertools import zip_longest
+from pathlib import Path
+
+from builder.engine import host_network
+from builder.image import build, context, layer_diff, render, tags
+from builder.publish import lock
+from builder.engine import get_engine
+from builder.engine.protocol import BuildRequest, ImageInfo, Layer
+from builder.engine.buildah import BuildahEngine
+from builder.errors import BuildFailure, UserError
+from builder.config.matrix import Matrix, load_matrix
+from builder.paths import Project, local_base_tag
+from builder.engine.progress import Progress
+from builder.config.stack import Stack
+
+WORKDIR = "build/verify"
+
+
+def _scratch(root: Path, name: str) -> Path:
+    workdir = root / WORKDIR / name
+    shutil.rmtree(workdir, ignore_errors=True)
+    workdir.mkdir(parents=True)
+    return workdir
+
+
+def _export_bases(images: list[str], workdir: Path) -> tuple[Path, ...]:
+    engine = get_engine("buildah")
+    engine.check()
+    archives = []
+    for index, image in enumerate(images):
+        if not engine.exists(image):
+            raise UserError(f"base image {image} is not in buildah's storage (for the local base: `builder base`)")
+        archive = workdir / f"base-{index}.docker.tar"
+        engine.save(image, archive)
+        archives.append(archive)
+    return tuple(archives)
+
+
+def _twice(request: BuildRequest, bases: list[str], workdir: Path) -> layer_diff.Comparison:
+    try:
+        two = layer_diff.build_twice(request, _export_bases(bases, workdir), workdir, save_when_identical=False)
+        if two.identical:
+            return layer_diff.Comparison(first_id=two.image_ids[0], second_id=two.image_ids[1])
+        return layer_diff.compare(*two.archives)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def verify_stack(stack: Stack, project: Project) -> layer_diff.Comparison:
+    root = project.root
+    render.require_locked(stack, root)
+    entry = lock.check_current(stack, project.lock)
+    inputs = context.build_inputs(stack, root, lock.base_digest(stack, entry))
+    progress = Progress.for_environment()
+    progress.stage(f"{stack.name}: two builds from empty storage")
+    workdir = _scratch(root, stack.name)
+    dockerfile = context.assemble(inputs, root, workdir / "context")
+    request = build.build_request(stack, workdir / "context", dockerfile, tags.candidate_tag(stack, inputs.hash),
+                                  True, progress)
+    return _twice(request, [stack.base.image], workdir)
+
+
+def verify_dockerfile(dockerfile: str, context_path: str, bases: list[str], matrix: Matrix) -> layer_diff.Comparison:
+    path, context_dir = Path(dockerfile).resolve(), Path(context_path).resolve()
+    if not path.is_file():
+        raise UserError(f"no Dockerfile at {dockerfile}")
+    network = host_network.host_network()
+    request = BuildRequest(
+        context_dir=context_dir, dockerfile=path, tags=("localhost/builder-verify:scratch",),
+        source_date_epoch=matrix.source_date_epoch,
+        build_args={"SOURCE_DATE_EPOCH": str(matrix.source_date_epoch)},
+        add_hosts=network.add_hosts, secrets=network.secrets, no_cache=True,
+        progress=Progress.for_environment().line,
+    )
+    return _twice(request, bases or [local_base_tag(matrix.local_base["name"])],
+                  _scratch(matrix.root, "dockerfile"))
+
+
+def export_head(root: Path, destination: Path) -> Path:
+    """The committed tree (HEAD), not the working tree: returns the project's directory inside the export."""
+    def git(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", "-C", str(root), *args], capture_output=True, check=False)
+
+    prefix = git("rev-parse", "--show-prefix")
+    if prefix.returncode != 0:
+        raise UserError(f"{root} is not in a git work tree: --against-lock builds the committed inputs")
+    archive = git("archive", "--format=tar", "HEAD")
+    if archive.returncode != 0:
+        raise UserError(f"git archive HEAD failed in {root}: {archive.stderr.decode(errors='replace').strip()}")
+    destination.mkdir(parents=True)
+    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+        tar.extractall(destination, filter="data")
+    return destination / prefix.stdout.decode().strip()
+
+
+def _first_differing_layer(locked: ImageInfo, built: ImageInfo) -> tuple[int | None, str]:
+    for index, (old, new) in enumerate(zip_longest(locked.layers, built.layers)):
+        if old is None or new is None or old.diff_id != new.diff_id:
+            return index, (new or old).created_by
+    return None, ""
+
+
+def _locked_image(image_id: str, root: Path, report_path: str | None) -> tuple[ImageInfo | None, BuildahEngine | None]:
+    """The locked image from buildah's storage, or what its committed build report says of it."""
+    engine = BuildahEngine(export_to_docker=False)
+    if engine.exists(image_id):
+        return engine.inspect(image_id), engine
+    report = root / report_path if report_path else None
+    if report is None or not report.is_file():
+        return None, None
+    data = json.loads(report.read_text(encoding="utf-8"))
+    if data.get("image_id") != image_id:
+        return None, None
+    layers = tuple(Layer(l["diff_id"], l.get("bytes"), l.get("step", "")) for l in data.get("layers", []))
+    return ImageInfo(image_id, (), "", {}, layers, data.get("config") or {}), None
+
+
+def _describe_difference(expected: str, new_id: str, locked: ImageInfo | None, locked_engine: BuildahEngine | None,
+                         built: ImageInfo, fresh: BuildahEngine) -> layer_diff.Comparison:
+    comparison = layer_diff.Comparison(first_id=expected, second_id=new_id)
+    if locked is None:
+        return comparison
+    index, step = _first_differing_layer(locked, built)
+    fields = tuple(f for f in layer_diff.config_differences(dict(locked.config), dict(built.config))
+                   if not f.startswith(("rootfs", "history"))) if locked.config else ()
+    files: tuple[layer_diff.FileDifference, ...] = ()
+    if index is not None and locked_engine is not None:
+        with locked_engine.mounted(expected) as old_root, fresh.mounted(new_id) as new_root:
+            files = layer_diff.diff_entries(layer_diff.tree_entries(old_root), layer_diff.tree_entries(new_root))
+    return layer_diff.Comparison(expected, new_id, layer_index=index, step=step, files=files, config_fields=fields)
+
+
+def verify_against_lock(matrix: Matrix, name: str, local_base: bool) -> layer_diff.Comparison:
+    """Build the committed inputs of `name` once, from empty private storage, and compare the image
+    with the one the committed matrix.lock records."""
+    root = matrix.root
+    workdir = _scratch(root, f"against-lock-{name}")
+    try:
+        export = export_head(root, workdir / "export")
+        committed = load_matrix(export / matrix.path.resolve().relative_to(root), local_base=local_base,
+                                patches_root=export / "patches")
+        stack = committed.select([name], local_base)[0]
+        entry = lock.read(export / lock.FILE_NAME)["stacks"].get(stack.name) or {}
+        image = entry.get("image") or {}
+        if not image.get("id"):
+            raise UserError(f"{stack.name}: the committed matrix.lock records no image to verify against")
+        render.require_locked(stack, export)
+        inputs = context.build_inputs(stack, export, lock.base_digest(stack, entry))
+        progress = Progress.for_environment()
+        progress.stage(f"{stack.name}: one build of HEAD from empty storage, against {image['id']}")
+        dockerfile = context.assemble(inputs, export, workdir / "context")
+        request = build.build_request(stack, workdir / "context", dockerfile, tags.candidate_tag(stack, inputs.hash),
+                                      True, progress)
+        bases = _export_bases([stack.base.image], workdir)
+        fresh = BuildahEngine(storage_dir=workdir / "storage", export_to_docker=False)
+        try:
+            for archive in bases:
+                loaded = fresh.load(archive)
+                if stack.base.local and inputs.base_digest and loaded != inputs.base_digest:
+                    raise BuildFailure(f"{stack.name}: the base in buildah's storage is {loaded}, the committed "
+                                       f"lock records {inputs.base_digest}: run `builder base`")
+            new_id = fresh.build(request).image_id
+            if new_id == image["id"]:
+                return layer_diff.Comparison(first_id=image["id"], second_id=new_id)
+            locked, locked_engine = _locked_image(image["id"], export, image.get("report"))
+            return _describe_difference(image["id"], new_id, locked, locked_engine, fresh.inspect(new_id), fresh)
+        finally:
+            layer_diff.discard_storage(fresh, fresh.storage_dir)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def report(comparison: layer_diff.Comparison) -> int:
+    for line in comparison.describe():
+        print(line)
+    if comparison.identical:
+        return 0
+    print("builder: error: the builds differ: not reproducible", file=sys.stderr)
+    return 1

@@ -1,0 +1,54 @@
+"""One home for each path and name the builder, the rendered Dockerfiles and the image agree on.
+
+The project (matrix, lock, patches, templates, renders, reports, reference figures) is the directory
+that holds the matrix file, never where the builder package happens to be installed: an installed
+`builder` run in any checkout works on that checkout.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+# Inside every image.
+VENV = "/opt/venv"
+VENV_PYTHON = f"{VENV}/bin/python"
+TOOLS_DIR = "/opt/builder"  # stack.json, patches, requirements and the in-image tools (runtime/)
+
+# The base `builder base` makes with mmdebstrap, named after the matrix's [local_base].
+LOCAL_BASE_REPOSITORY = "localhost/builder-base"
+
+
+def local_base_tag(name: str) -> str:
+    return f"{LOCAL_BASE_REPOSITORY}:{name}"
+
+
+@dataclass(frozen=True)
+class Project:
+    root: Path
+
+    @classmethod
+    def of_matrix(cls, matrix_path: str | Path) -> "Project":
+        return cls(Path(matrix_path).resolve().parent)
+
+    @property
+    def lock(self) -> Path:
+        """matrix.lock beside the matrix; BUILDER_LOCK points elsewhere (tests, scratch runs)."""
+        return Path(os.environ.get("BUILDER_LOCK") or self.root / "matrix.lock")
+
+    @property
+    def patches(self) -> Path:
+        return self.root / "patches"
+
+    @property
+    def templates(self) -> Path:
+        return self.root / "templates"
+
+    @property
+    def reports(self) -> Path:
+        return self.root / "build-reports"
+
+    @property
+    def reference_figures(self) -> Path:
+        return self.root / "bench" / "reference.toml"

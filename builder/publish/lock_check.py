@@ -1,0 +1,74 @@
+"""`builder lock --check`: does matrix.lock still describe what the tree builds?
+
+A lock goes stale silently when the inputs change after an image was recorded: a patch, an in-image
+tool, a rendered file, the base or SOURCE_DATE_EPOCH. For every row with a recorded image this
+recomputes the inputs hash from the tracked files (builder/context.py) and compares it, naming the
+part that moved; a pinned image that the current inputs cannot make is named as such. Rows resolved
+from other pins than the matrix has now are stale too. Rows never locked are reported, not failed:
+some cannot be locked where their indexes are unreachable.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from builder.image import context
+from builder.publish import lock
+from builder.errors import UserError
+from builder.config.stack import Stack
+
+_FILES_NAMED = 5
+
+
+def _changed_files(root: Path, image: dict, inputs: context.BuildInputs) -> list[str]:
+    """Files whose content or mode moved since the build, from the build report's list when it is there."""
+    try:
+        report = json.loads((root / image["report"]).read_text(encoding="utf-8"))
+        recorded = {f["path"]: (f["mode"], f["sha256"]) for f in report["inputs"]["files"]}
+    except (OSError, KeyError, TypeError, ValueError):
+        return []
+    current = {f.path: (f"{f.mode:o}", f.sha256) for f in inputs.files}
+    return sorted(path for path in recorded.keys() | current.keys() if recorded.get(path) != current.get(path))
+
+
+def _why(stack: Stack, root: Path, image: dict, inputs: context.BuildInputs) -> str:
+    if image.get("base_digest") != inputs.base_digest:
+        return f"base digest {image.get('base_digest') or 'unpinned'} -> {inputs.base_digest or 'unpinned'}"
+    if image.get("source_date_epoch") != inputs.source_date_epoch:
+        return f"SOURCE_DATE_EPOCH {image.get('source_date_epoch')} -> {inputs.source_date_epoch}"
+    changed = _changed_files(root, image, inputs)
+    if changed:
+        more = f" and {len(changed) - _FILES_NAMED} more" if len(changed) > _FILES_NAMED else ""
+        return f"changed: {', '.join(changed[:_FILES_NAMED])}{more}"
+    return "the Dockerfile or the copied files changed"
+
+
+def stale_rows(stacks: tuple[Stack, ...], root: Path, path: Path) -> tuple[list[str], list[str]]:
+    """(problems, notes): one line per stale row, and one per row with nothing to check."""
+    data = lock.read(path)
+    problems, notes = [], []
+    for stack in stacks:
+        entry = data["stacks"].get(stack.name)
+        if entry is None:
+            notes.append(f"{stack.name}: not locked")
+            continue
+        if entry.get("pins_hash") != lock.pins_hash(stack):
+            problems.append(f"{stack.name}: resolved from other pins than matrix.toml has now; "
+                            f"run `builder lock --stack {stack.name}`")
+            continue
+        image = entry.get("image")
+        if not image:
+            notes.append(f"{stack.name}: locked, no image recorded")
+            continue
+        try:
+            inputs = context.build_inputs(stack, root, lock.base_digest(stack, entry))
+        except UserError as error:
+            problems.append(f"{stack.name}: recorded image {image['id']} but its inputs cannot be read: {error}")
+            continue
+        if image.get("inputs_hash") == inputs.hash:
+            continue
+        what = "pinned image" if entry.get("status") == "pinned" else "recorded image"
+        problems.append(f"{stack.name}: {what} {image['id']} was built from other inputs than the tree has now "
+                        f"({_why(stack, root, image, inputs)}); rebuild it and commit matrix.lock")
+    return problems, notes

@@ -1,0 +1,239 @@
+"""Push a stack's immutable tag to a registry and pull it back by digest, through the Docker daemon.
+
+Transient failures (connection errors, HTTP 5xx) are retried with exponential backoff; anything
+else fails at once. The lock records a push only after the registry has the image, and a pull is
+checked against the lock: same manifest digest, same image id.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import docker
+import docker.errors
+import requests
+
+from builder.engine.daemon import DockerDaemon, docker_client
+from builder.errors import BuildFailure, UserError
+from builder.publish import lock
+
+ATTEMPTS = 4
+BASE_DELAY_S = 2.0
+PROBE_TIMEOUT_S = 10
+_MANIFEST_TYPES = ", ".join([
+    "application/vnd.docker.distribution.manifest.v2+json",
+    "application/vnd.oci.image.manifest.v1+json",
+    "application/vnd.docker.distribution.manifest.list.v2+json",
+    "application/vnd.oci.image.index.v1+json",
+])
+# What the daemon says when the registry (or the way to it) failed, not the request.
+_TRANSIENT = re.compile(
+    r"connection refused|connection reset|i/o timeout|timeout|EOF|no route to host|"
+    r"unexpected HTTP status: 5\d\d|status code 5\d\d|5\d\d (Internal Server Error|Bad Gateway|"
+    r"Service Unavailable|Gateway Timeout)|TLS handshake|server misbehaving",
+    re.IGNORECASE,
+)
+
+
+class TransientError(Exception):
+    """A failure worth retrying: the registry could not be reached or answered 5xx."""
+
+
+@dataclass(frozen=True)
+class Retry:
+    attempts: int = ATTEMPTS
+    base_delay_s: float = BASE_DELAY_S
+    sleep: Callable[[float], None] = time.sleep
+
+    def run(self, what: str, action: Callable[[], object]):
+        for attempt in range(1, self.attempts + 1):
+            try:
+                return action()
+            except TransientError as error:
+                if attempt == self.attempts:
+                    raise BuildFailure(f"{what} failed after {self.attempts} attempts: {error}") from None
+                delay = self.base_delay_s * 2 ** (attempt - 1)
+                print(f"builder: {what}: {error}; retrying in {delay:g} s "
+                      f"(attempt {attempt + 1} of {self.attempts})", file=sys.stderr)
+                self.sleep(delay)
+        raise AssertionError("unreachable")
+
+
+def is_transient(message: str) -> bool:
+    return bool(_TRANSIENT.search(message))
+
+
+def split_registry(registry: str) -> tuple[str, str]:
+    """'host:5000/team' -> ('host:5000', 'team/'): the API host and the repository prefix."""
+    registry = registry.strip().rstrip("/")
+    if not registry or "://" in registry or " " in registry:
+        raise UserError(f"registry {registry!r}: give host[:port][/namespace], without a scheme")
+    host, _, namespace = registry.partition("/")
+    return host, (namespace + "/" if namespace else "")
+
+
+def split_tag(reference: str) -> tuple[str, str]:
+    repository, _, tag = reference.rpartition(":")
+    if not repository or "/" in tag:
+        raise BuildFailure(f"{reference!r} is not repository:tag")
+    return repository, tag
+
+
+# --- the registry's HTTP API, for probing only (the daemon does the transfers) -----------------
+
+
+def _api_get(host: str, path: str, headers: dict | None = None) -> requests.Response:
+    """GET https://host/path, falling back to plain http where TLS is not spoken (a loopback
+    registry, which the daemon treats as insecure). Connection failures and 5xx are transient."""
+    last: Exception | None = None
+    for scheme in ("https", "http"):
+        try:
+            response = requests.get(f"{scheme}://{host}{path}", headers=headers or {}, timeout=PROBE_TIMEOUT_S)
+        except requests.exceptions.SSLError as error:
+            last = error
+            continue
+        except requests.RequestException as error:
+            last = error
+            continue
+        if response.status_code >= 500:
+            raise TransientError(f"registry {host} answered HTTP {response.status_code} on {path}")
+        return response
+    raise TransientError(f"registry {host} unreachable ({_reason(last)})")
+
+
+def ping(host: str) -> None:
+    """The registry answers /v2/ (401 counts: it is up and wants credentials)."""
+    response = _api_get(host, "/v2/")
+    if response.status_code not in (200, 401):
+        raise BuildFailure(f"{host} is not a registry: /v2/ answered HTTP {response.status_code}")
+
+
+def remote_config_digest(host: str, repository: str, tag: str) -> str | None:
+    """The image id (config digest) the registry's tag points at; None when the tag is absent or
+    cannot be read anonymously; '?' when it names a multi-platform index."""
+    response = _api_get(host, f"/v2/{repository}/manifests/{tag}", {"Accept": _MANIFEST_TYPES})
+    if response.status_code in (401, 403, 404):
+        return None
+    if response.status_code != 200:
+        raise BuildFailure(f"{host}: reading {repository}:{tag} answered HTTP {response.status_code}")
+    manifest = response.json()
+    return manifest.get("config", {}).get("digest", "?")
+
+
+# --- push and pull --------------------------------------------------------------------------
+
+
+def push(stack: str, registry: str, *, lock_path: Path, retry: Retry = Retry(),
+         client: docker.DockerClient | None = None) -> dict:
+    """Push the stack's immutable tag; record the registry digest in the lock once it is there."""
+    found = lock.entry(stack, lock_path)
+    if found is None:
+        raise UserError(f"{stack} is not in matrix.lock: run `builder lock --stack {stack}`")
+    image = found.get("image")
+    if not image:
+        raise UserError(f"{stack}: no image recorded in matrix.lock: run `builder build --stack {stack}`")
+    if found.get("smoke") is None or not found["smoke"].get("passed"):
+        raise UserError(f"{stack}: image {image['id']} has not passed smoke; only tested images are pushed")
+    host, namespace = split_registry(registry)
+    repository, tag = split_tag(image["immutable_tag"])
+    remote = f"{namespace}{repository}"
+    client = client or docker_client()
+    try:
+        local_id = client.images.get(image["id"]).id
+    except docker.errors.ImageNotFound:
+        raise UserError(f"{stack}: image {image['id']} is not in the Docker daemon: build or pull it") from None
+
+    def once() -> str:
+        ping(host)
+        existing = remote_config_digest(host, remote, tag)
+        if existing not in (None, local_id):
+            raise BuildFailure(f"{host}/{remote}:{tag} already names another image ({existing}); "
+                               "immutable tags are never moved")
+        client.api.tag(local_id, f"{host}/{remote}", tag)
+        return _push_stream(client, f"{host}/{remote}", tag)
+
+    digest = retry.run(f"push {host}/{remote}:{tag}", once)
+    lock.record_push(stack, registry=registry, repository=remote, tag=tag, digest=digest, path=lock_path)
+    return {"reference": f"{host}/{remote}@{digest}", "tag": f"{host}/{remote}:{tag}", "digest": digest}
+
+
+def _push_stream(client: docker.DockerClient, repository: str, tag: str) -> str:
+    digest = None
+    try:
+        for event in client.api.push(repository, tag=tag, stream=True, decode=True):
+            if "error" in event:
+                message = event.get("errorDetail", {}).get("message") or event["error"]
+                if is_transient(message):
+                    raise TransientError(message)
+                raise BuildFailure(f"push {repository}:{tag}: {message}")
+            digest = event.get("aux", {}).get("Digest") or digest
+    except docker.errors.APIError as error:
+        if error.is_server_error() and is_transient(str(error)):
+            raise TransientError(_last_line(error)) from None
+        raise BuildFailure(f"push {repository}:{tag}: {_last_line(error)}") from None
+    except requests.RequestException as error:
+        raise TransientError(f"lost the Docker daemon's stream ({_reason(error)})") from None
+    if not digest:
+        raise BuildFailure(f"push {repository}:{tag}: the daemon reported no digest")
+    return digest
+
+
+def pull(stack: str, registry: str | None = None, *, lock_path: Path, retry: Retry = Retry(),
+         client: docker.DockerClient | None = None) -> dict:
+    """Pull the stack's image by the digest the lock recorded at push, and check it is that image."""
+    found = lock.entry(stack, lock_path)
+    if found is None:
+        raise UserError(f"{stack} is not in matrix.lock")
+    pushed, image = found.get("push"), found.get("image")
+    if not pushed or not image:
+        raise UserError(f"{stack}: matrix.lock records no push; run `builder push {stack} --registry R` first")
+    host, namespace = split_registry(registry or pushed["registry"])
+    if registry:
+        repository = f"{namespace}{split_tag(image['immutable_tag'])[0]}"
+    else:
+        repository = pushed["repository"]
+    reference = f"{host}/{repository}@{pushed['digest']}"
+    client = client or docker_client()
+
+    def once():
+        ping(host)
+        try:
+            return client.images.pull(reference)
+        except docker.errors.NotFound:
+            raise BuildFailure(f"{reference} is not in the registry") from None
+        except docker.errors.APIError as error:
+            if is_transient(str(error)):
+                raise TransientError(_last_line(error)) from None
+            raise BuildFailure(f"pull {reference}: {_last_line(error)}") from None
+        except requests.RequestException as error:
+            raise TransientError(f"lost the Docker daemon's stream ({_reason(error)})") from None
+
+    pulled = retry.run(f"pull {reference}", once)
+    if pulled.id != image["id"]:
+        raise BuildFailure(f"{reference} is image {pulled.id}, but matrix.lock records {image['id']}")
+    if reference not in (pulled.attrs.get("RepoDigests") or []):
+        raise BuildFailure(f"the daemon does not list {reference} among the pulled image's digests")
+    # The name the stack runs under locally, as after a build.
+    local_repository, tag = split_tag(image["immutable_tag"])
+    pulled.tag(local_repository, tag)
+    return {"reference": reference, "image_id": pulled.id, "tag": image["immutable_tag"]}
+
+
+def _reason(error: Exception | None) -> str:
+    text = str(error or "")
+    for needle, reason in (("Connection refused", "connection refused"),
+                           ("Name or service not known", "host name does not resolve"),
+                           ("timed out", "timed out")):
+        if needle in text:
+            return reason
+    return type(error).__name__ if error else "no answer"
+
+
+def _last_line(error: Exception) -> str:
+    lines = str(error).strip().splitlines()
+    return lines[-1] if lines else type(error).__name__
