@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from builder import smoke
+from builder import imageref, smoke
 from builder.runtime.smoke import CHECKS
 
 
@@ -21,4 +21,4 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    return smoke.smoke(args.image, args.gpus, args.json_path, args.only)
+    return smoke.smoke(imageref.check_reference(args.image), args.gpus, args.json_path, args.only)
