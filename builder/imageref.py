@@ -23,7 +23,7 @@ def check_reference(text: str) -> str:
     """`text` when it is an image reference or id; one line saying what is wrong otherwise."""
     if not text.strip():
         raise UserError("no image given: name one as REPOSITORY[:TAG][@DIGEST] or an image id")
-    if len(text) > MAX_LENGTH or not (_REFERENCE.match(text) or _IMAGE_ID.match(text)):
+    if len(text) > MAX_LENGTH or not (_REFERENCE.fullmatch(text) or _IMAGE_ID.fullmatch(text)):
         raise UserError(f"{text[:80]!r} is not an image reference: expected [HOST[:PORT]/]NAME[:TAG][@sha256:DIGEST] "
                         "with a lowercase NAME, or an image id")
     return text

@@ -21,7 +21,7 @@ from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel
 from packaging.version import InvalidVersion, Version
 
 from builder import compat, schema
-from builder.errors import UserError
+from builder.errors import UserError, one_line
 from builder.stack import Base, Bench, Override, Package, Serve, ServeMode, Stack
 from builder.tomlpos import Positions
 
@@ -43,8 +43,8 @@ class MatrixError(UserError):
     """One or more problems in the matrix, each a `file:line: message` line."""
 
     def __init__(self, problems: list[str]):
-        self.problems = problems
-        super().__init__("\n".join(problems))
+        self.problems = [one_line(problem) for problem in problems]
+        super().__init__("\n".join(self.problems))
 
 
 @dataclass(frozen=True)
@@ -199,7 +199,7 @@ class _Loader:
             self.problem(("defaults", "source_date_epoch"),
                          f"source_date_epoch {epoch} is not a time from 1970 to 9999 (0 to {EPOCH_MAX} seconds)")
         local = self.document["local_base"]
-        if not _PYTHON.match(local["python"]):
+        if not _PYTHON.fullmatch(local["python"]):
             self.problem(("local_base", "python"), f"local_base python '{local['python']}' must look like '3.11'")
 
     def _base_source(self, row: Stack, default: str) -> str:
@@ -238,7 +238,7 @@ class _Loader:
         self.family_rows.setdefault(data["name"], []).append(name)
         base = self._local_base() if local else self._registry_base(index, data["base"], axes)
         cuda = data["cuda"]
-        if not _CUDA.match(cuda):
+        if not _CUDA.fullmatch(cuda):
             self.problem(self._axis_path(index, axes, ("cuda",)), f"cuda '{cuda}' must look like '13.0.1'", name)
             cuda = "0.0"
         packages = [self._package(index, axes, name, key, spec)
@@ -319,7 +319,7 @@ class _Loader:
             return Base(name, name, "", "0.0", "", (), "0.0", False)
         spec = bases[name]
         for key, pattern, example in (("cuda", _CUDA, "13.0.1"), ("python", _PYTHON, "3.12")):
-            if not pattern.match(spec[key]):
+            if not pattern.fullmatch(spec[key]):
                 self.problem(("bases", name, key), f"base {name}: {key} '{spec[key]}' must look like '{example}'")
         if spec["digest"] and not re.fullmatch(r"sha256:[0-9a-f]{64}", spec["digest"]):
             self.problem(("bases", name, "digest"), f"base {name}: digest must be 'sha256:' and 64 hex digits")
@@ -348,10 +348,10 @@ class _Loader:
         for index, row in rows:
             if row.base.local and row.name.removesuffix(LOCAL_SUFFIX) in self.bad_names:
                 continue  # the same name on the registry base is reported already
-            if not _ROW_NAME.match(row.name):
+            if not _ROW_NAME.fullmatch(row.name):
                 self.bad_names.add(row.name)
                 bad_axes = [("stack", index, "axes", axis, value) for axis, value in row.axes
-                            if not _NAME_PART.match(value)]
+                            if not _NAME_PART.fullmatch(value)]
                 self.problem(bad_axes[0] if bad_axes else ("stack", index, "name"),
                              f"stack name '{row.name}' is not usable as a tag "
                              "(at most 100 of: lowercase letters, digits, '.', '_', '-')")
