@@ -39,10 +39,11 @@ def free_port() -> int:
 
 
 class Registry:
-    """docker-registry on 127.0.0.1:port, file storage in a temporary folder, no auth."""
+    """docker-registry on 127.0.0.1:port, file storage in a temporary folder; no auth, or basic
+    auth against an htpasswd file."""
 
-    def __init__(self, root: Path, port: int):
-        self.root, self.port, self.process = root, port, None
+    def __init__(self, root: Path, port: int, htpasswd: Path | None = None):
+        self.root, self.port, self.process, self.htpasswd = root, port, None, htpasswd
         self.host = f"127.0.0.1:{port}"
 
     def start(self) -> None:
@@ -54,13 +55,14 @@ class Registry:
             "log:\n  level: error\n"
             f"storage:\n  filesystem:\n    rootdirectory: {self.root / 'data'}\n  delete:\n    enabled: true\n"
             f"http:\n  addr: {self.host}\n"
+            + (f"auth:\n  htpasswd:\n    realm: builder-test\n    path: {self.htpasswd}\n" if self.htpasswd else "")
         )
         self.log = open(self.root / "registry.log", "ab")
         self.process = subprocess.Popen([binary, "serve", str(config)], stdout=self.log, stderr=self.log)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             try:
-                if requests.get(f"http://{self.host}/v2/", timeout=1).status_code == 200:
+                if requests.get(f"http://{self.host}/v2/", timeout=1).status_code in (200, 401):
                     return
             except requests.RequestException:
                 time.sleep(0.1)
