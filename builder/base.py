@@ -32,6 +32,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from builder import dpkg
 from builder.engine.base import Engine
 from builder.errors import BuildFailure, UserError
 
@@ -158,14 +159,7 @@ def installed_packages(rootfs_tar: Path) -> tuple[str, ...]:
         if member is None:
             raise BuildFailure(f"{rootfs_tar}: no dpkg status file: not a Debian root filesystem")
         status = member.read().decode()
-    packages = []
-    for stanza in status.split("\n\n"):
-        fields = dict(
-            line.split(": ", 1) for line in stanza.splitlines() if ": " in line and line[0] != " "
-        )
-        if "installed" in fields.get("Status", ""):
-            packages.append(f"{fields['Package']}={fields['Version']}")
-    return tuple(sorted(packages))
+    return tuple(sorted(f"{fields['Package']}={fields['Version']}" for fields in dpkg.installed(status)))
 
 
 def _iso_time(epoch: int) -> str:
