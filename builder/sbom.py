@@ -53,15 +53,23 @@ print(json.dumps(sorted(rows, key=lambda row: (row[0].lower(), row[1]))))
 def installed_distributions(image: str, client: docker.DockerClient, python: str = VENV_PYTHON) -> list[tuple]:
     """(name, version, sha256 or None) of every distribution the image's Python sees."""
     try:
-        output = client.containers.run(image, ["-c", QUERY], entrypoint=[python], remove=True,
-                                       network_disabled=True, stdout=True, stderr=True)
+        container = client.containers.create(image, ["-c", QUERY], entrypoint=[python], network_disabled=True)
     except docker.errors.ImageNotFound:
         raise UserError(f"image {image} is not in the Docker daemon") from None
-    except docker.errors.ContainerError as error:
-        tail = (error.stderr or b"").decode(errors="replace").strip().splitlines()[-1:]
-        raise BuildFailure(f"{image}: listing its Python distributions failed: {' '.join(tail) or error}") from None
     except docker.errors.APIError as error:
         raise BuildFailure(f"{image}: cannot run {python} in it: {error.explanation or error}") from None
+    try:  # removed whatever happens: a container whose start failed stays behind otherwise
+        container.start()
+        status = container.wait()["StatusCode"]
+        output = container.logs(stdout=True, stderr=False)
+        if status != 0:
+            tail = container.logs(stdout=False, stderr=True).decode(errors="replace").strip().splitlines()[-1:]
+            raise BuildFailure(f"{image}: listing its Python distributions failed: "
+                               f"{' '.join(tail) or f'exit status {status}'}")
+    except docker.errors.APIError as error:
+        raise BuildFailure(f"{image}: cannot run {python} in it: {error.explanation or error}") from None
+    finally:
+        container.remove(force=True)
     try:
         rows = json.loads(output.decode().strip().splitlines()[-1])
     except (ValueError, IndexError):

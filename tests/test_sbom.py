@@ -176,8 +176,10 @@ def test_sbom_of_a_real_image_written_beside_the_report_and_recorded(python_imag
 @pytest.mark.engine
 def test_an_image_without_the_venv_python_is_a_clear_error(python_image):
     client, image_id = python_image
+    before = {c.id for c in client.containers.list(all=True)}
     with pytest.raises(BuildFailure, match=rf"^{image_id}: cannot run /no/python in it"):
         sbom.installed_distributions(image_id, client, python="/no/python")
+    assert {c.id for c in client.containers.list(all=True)} == before  # the failed container is gone
 
 
 # --- the whole image: a real Debian base, torch's real metadata in the venv ----------------------
