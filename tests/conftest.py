@@ -3,10 +3,14 @@ on the local base (the end-to-end modules all test that one image)."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
+import tarfile
+import uuid
 
+import docker
 import pytest
 
 from builder.publish import lock
@@ -59,3 +63,32 @@ def built(local_base, builder_env):
     assert result.returncode == 0, result.stderr[-4000:]
     report = json.loads((REPO / "build-reports" / f"{BUILT_STACK}.json").read_text())
     return result, report
+
+
+@pytest.fixture(scope="session")
+def client():
+    try:
+        client = docker.from_env()
+        client.ping()
+    except docker.errors.DockerException as error:
+        pytest.fail(f"Docker daemon not running ({error}); scripts/setup-host starts it")
+    return client
+
+
+@pytest.fixture
+def image(client):
+    """A one-file image made with `docker import`: unique content, so a unique image id."""
+    repository = f"builder-test-{uuid.uuid4().hex[:8]}"
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        payload = f"{repository}\n".encode()
+        info = tarfile.TarInfo("hello.txt")
+        info.size, info.mtime = len(payload), 1767225600
+        archive.addfile(info, io.BytesIO(payload))
+    result = client.api.import_image_from_data(buffer.getvalue(), repository=repository, tag="candidate")
+    image_id = client.images.get(f"{repository}:candidate").id
+    assert json.loads(result.splitlines()[-1] if isinstance(result, str) else result)["status"] == image_id
+    yield {"id": image_id, "repository": repository, "immutable": f"{repository}:0.5.9-cu128-abc123"}
+    for tagged in client.images.list(all=True):
+        if tagged.id == image_id:
+            client.images.remove(image_id, force=True)

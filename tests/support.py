@@ -2,15 +2,28 @@
 
 from __future__ import annotations
 
+import shutil
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+import requests
 
 from builder.publish.resolve import PLATFORM, Distribution, Resolution
 
 REPO = Path(__file__).resolve().parent.parent
 IMAGE = "sha256:" + "1" * 64
 OTHER_IMAGE = "sha256:" + "2" * 64
+
+
+def link_project_files(directory: Path) -> None:
+    """Make `directory` a project beside a matrix written there: the repository's patch series,
+    templates and reference figures (a matrix's patches, templates and figures are found beside it)."""
+    for name in ("patches", "templates", "bench"):
+        if not (directory / name).exists():
+            (directory / name).symlink_to(REPO / name)
 
 
 def run_builder(*args: str, env: dict | None = None, cwd: Path = REPO,
@@ -43,3 +56,55 @@ def bench_report(mode="eagle3", tok_s=55.0, verdict="pass", stack="sglang-0.5.9-
             "workload": {"concurrency": 1, "input_len": 1024, "output_len": 512}}
 
 
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class Registry:
+    """docker-registry on 127.0.0.1:port, file storage in a temporary folder; no auth, or basic
+    auth against an htpasswd file."""
+
+    def __init__(self, root: Path, port: int, htpasswd: Path | None = None):
+        self.root, self.port, self.process, self.htpasswd = root, port, None, htpasswd
+        self.host = f"127.0.0.1:{port}"
+
+    def start(self) -> None:
+        binary = shutil.which("docker-registry") or shutil.which("registry")
+        assert binary, "docker-registry is not installed (scripts/setup-host installs it)"
+        config = self.root / "config.yml"
+        config.write_text(
+            "version: 0.1\n"
+            "log:\n  level: error\n"
+            f"storage:\n  filesystem:\n    rootdirectory: {self.root / 'data'}\n  delete:\n    enabled: true\n"
+            f"http:\n  addr: {self.host}\n"
+            + (f"auth:\n  htpasswd:\n    realm: builder-test\n    path: {self.htpasswd}\n" if self.htpasswd else "")
+        )
+        self.log = open(self.root / "registry.log", "ab")
+        self.process = subprocess.Popen([binary, "serve", str(config)], stdout=self.log, stderr=self.log)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if requests.get(f"http://{self.host}/v2/", timeout=1).status_code in (200, 401):
+                    return
+            except requests.RequestException:
+                time.sleep(0.1)
+        raise AssertionError(f"registry did not start: {(self.root / 'registry.log').read_text()}")
+
+    def stop(self) -> None:
+        if self.process:
+            self.process.terminate()
+            self.process.wait(10)
+            self.log.close()
+            self.process = None
+
+    def manifest_digest(self, repository: str, tag: str) -> str:
+        response = requests.head(
+            f"http://{self.host}/v2/{repository}/manifests/{tag}", timeout=10,
+            headers={"Accept": "application/vnd.docker.distribution.manifest.v2+json, "
+                               "application/vnd.oci.image.manifest.v1+json"})
+        response.raise_for_status()
+        return response.headers["Docker-Content-Digest"]

@@ -42,7 +42,7 @@ def test_crash_mid_write_leaves_the_old_lock(path):
     crash = (
         "import os, signal, sys\n"
         f"sys.path.insert(0, {str(REPO)!r})\n"
-        "from builder import lock\n"
+        "from builder.publish import lock\n"
         "os.fsync = lambda fd: os.kill(os.getpid(), signal.SIGKILL)\n"
         "lock.update(lambda data: data['stacks'].clear(), path=sys.argv[1])\n"
     )

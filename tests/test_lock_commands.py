@@ -13,7 +13,7 @@ from builder.publish import lock
 from builder.cli.main import main
 from builder.errors import UserError
 from builder.config.matrix import load_matrix
-from support import IMAGE, bench_report, resolution_of
+from support import IMAGE, bench_report, link_project_files, resolution_of
 
 REPO = Path(__file__).resolve().parent.parent
 MATRIX_TEXT = (REPO / "matrix.toml").read_text()
@@ -45,8 +45,7 @@ def test_lock_with_unreachable_sources_exits_2_and_writes_nothing(tmp_path, lock
         text = text.replace(source, dead[name])
     matrix = tmp_path / "matrix.toml"
     matrix.write_text(text)
-    (tmp_path / "patches").symlink_to(REPO / "patches")
-    (tmp_path / "bench").symlink_to(REPO / "bench")
+    link_project_files(tmp_path)
     status, out, err = run(capsys, "lock", "--matrix", str(matrix), "--stack", "sglang-0.5.9-cu130")
     assert status == 2
     assert err == (

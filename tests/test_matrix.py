@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from support import link_project_files
 from builder.cli.main import main
 from builder.config.matrix import MatrixError, load_matrix
 
@@ -18,8 +19,7 @@ def write_matrix(tmp_path: Path, text: str) -> Path:
     """A project of its own: the matrix, with the repository's patch series beside it."""
     path = tmp_path / "matrix.toml"
     path.write_text(text)
-    if not (tmp_path / "patches").exists():
-        (tmp_path / "patches").symlink_to(REPO / "patches")
+    link_project_files(tmp_path)
     return path
 
 
@@ -119,7 +119,7 @@ def test_duplicate_stack_names(tmp_path):
     start = MATRIX_TEXT.index("[[stack]]")
     text = MATRIX_TEXT + "\n" + MATRIX_TEXT[start:]
     found = problems(tmp_path, text)
-    second = [n for n, line in enumerate(text.splitlines(), 1) if line == "[[stack]]"][1]
+    second = [n for n, line in enumerate(text.splitlines(), 1) if line == 'name = "sglang-0.5.9"'][1]
     assert f"matrix.toml:{second}: duplicate stack name 'sglang-0.5.9-cu130'" in "\n".join(found)
 
 
@@ -147,7 +147,8 @@ def test_kernel_cuda_tags_against_cuda(tmp_path):
     text = edited('version = "0.6.4+cu130"', 'version = "0.6.4+cu128"')
     found = "\n".join(problems(tmp_path, text))
     assert "flashinfer-jit-cache 0.6.4+cu128 is built for CUDA 12.8 but the stack's CUDA is 13.0.1" in found
-    text = edited('version = "0.3.21+cu130"', 'version = "0.3.21+cu129"')
+    text = edited('version = "0.3.21+cu130"', 'version = "0.3.21+cu129"').replace(
+        "sgl_kernel-0.3.21+cu130-", "sgl_kernel-0.3.21+cu129-")
     found = "\n".join(problems(tmp_path, text))
     assert "sgl-kernel 0.3.21+cu129 is built for CUDA 12.9 but the stack's CUDA is 13.0.1" in found
 
@@ -155,7 +156,9 @@ def test_kernel_cuda_tags_against_cuda(tmp_path):
 def test_flashinfer_versions_must_match(tmp_path):
     text = edited('flashinfer-cubin = { version = "0.6.4" }', 'flashinfer-cubin = { version = "0.6.3" }')
     found = "\n".join(problems(tmp_path, text))
-    assert f":{line_of(text, 'flashinfer-cubin = {')}: sglang-0.5.9-cu130: flashinfer-cubin 0.6.3 must equal flashinfer-python 0.6.4" in found
+    # A problem every row shares is one line, named after the [[stack]].
+    assert f":{line_of(text, 'flashinfer-cubin = {')}: sglang-0.5.9: flashinfer-cubin 0.6.3 must equal flashinfer-python 0.6.4" in found
+    assert found.count("must equal flashinfer-python") == 1
     text = edited('version = "0.6.4+cu130"', 'version = "0.6.5+cu130"')
     found = "\n".join(problems(tmp_path, text))
     assert "flashinfer-jit-cache 0.6.5+cu130 must match flashinfer-python 0.6.4" in found
@@ -179,7 +182,7 @@ def test_contradicting_pin_needs_an_override(tmp_path):
     end = MATRIX_TEXT.index("[[stack.overrides]]", start + 1)
     text = MATRIX_TEXT[:start] + MATRIX_TEXT[end:]
     found = "\n".join(problems(tmp_path, text))
-    assert (f":{line_of(text, 'flashinfer-python = {')}: sglang-0.5.9-cu130: flashinfer-python 0.6.4 contradicts sglang 0.5.9's "
+    assert (f":{line_of(text, 'flashinfer-python = {')}: sglang-0.5.9: flashinfer-python 0.6.4 contradicts sglang 0.5.9's "
             "requirement flashinfer-python==0.6.3; declare an override with a reason") in found
 
 

@@ -208,7 +208,7 @@ def test_text_without_a_diff_is_refused(tmp_path: Path):
         apply_patch.read_patch(str(patch))
 
 
-def test_cli_bad_input_exits_2(site: Path, patch_file: Path, tmp_path: Path):
+def test_apply_patch_bad_input_exits_2(site: Path, patch_file: Path, tmp_path: Path):
     missing_patch = run_cli("--site-packages", str(site), str(tmp_path / "nope.patch"))
     assert missing_patch.returncode == 2
     assert "patch file" in missing_patch.stderr and "does not exist" in missing_patch.stderr

@@ -25,7 +25,7 @@ SERVER_ARGS_HUNK_2 = "sglang/srt/server_args.py: hunk #2 (@@ -1688,7 +1688,7 @@)
 
 def copy_series(tmp_path: Path, dist: str, version: str, as_version: str | None = None) -> Path:
     root = tmp_path / "patches"
-    shutil.copytree(patch_series.series_dir(dist, version), root / dist / (as_version or version))
+    shutil.copytree(patch_series.series_dir(dist, version, REPO / "patches"), root / dist / (as_version or version))
     return root
 
 
@@ -37,7 +37,7 @@ def copy_series(tmp_path: Path, dist: str, version: str, as_version: str | None 
     ],
 )
 def test_series_applies_strictly_and_compiles(dist, version, patched):
-    check = patch_series.check_series(dist, version)
+    check = patch_series.check_series(dist, version, root=REPO / "patches")
     assert check.ok, patch_series.format_check(check)
     assert check.wheel.startswith(f"{dist.replace('-', '_')}-{version}-")
     assert all(r.offsets == () for r in check.results), "patches were made against these very files"
@@ -124,7 +124,7 @@ def test_patch_for_the_wrong_version_is_refused_in_the_image_step(tmp_path: Path
     wheel = patch_series.fetch_wheel("sglang", "0.5.10")
     site = patch_series.unpack(wheel, tmp_path / "site-packages")
     before = (site / "sglang/srt/server_args.py").read_bytes()
-    patch = patch_series.series_dir("sglang", "0.5.9") / "0002-allreduce-fusion-autoenable-sm120.patch"
+    patch = patch_series.series_dir("sglang", "0.5.9", REPO / "patches") / "0002-allreduce-fusion-autoenable-sm120.patch"
     result = subprocess.run(
         [sys.executable, "-I", str(REPO / "builder/runtime/apply_patch.py"), "--site-packages", str(site), str(patch)],
         capture_output=True, text=True, check=False,

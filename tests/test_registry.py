@@ -4,82 +4,22 @@ started on loopback, through the real Docker daemon, with tiny images made here.
 from __future__ import annotations
 
 import http.server
-import io
-import json
-import shutil
-import socket
-import subprocess
-import tarfile
 import threading
-import time
-import uuid
 from pathlib import Path
 
-import docker
 import pytest
-import requests
 
 from builder.publish import lock, registry
 from builder.cli.main import main
 from builder.errors import BuildFailure, UserError
 from builder.config.matrix import load_matrix
 
-from support import resolution_of
+from support import Registry, free_port, resolution_of
 
 REPO = Path(__file__).resolve().parent.parent
 STACK = load_matrix(REPO / "matrix.toml").stack("sglang-0.5.9-cu128")
 
 pytestmark = pytest.mark.engine
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-class Registry:
-    """docker-registry on 127.0.0.1:port, file storage in a temporary folder, no auth."""
-
-    def __init__(self, root: Path, port: int):
-        self.root, self.port, self.process = root, port, None
-        self.host = f"127.0.0.1:{port}"
-
-    def start(self) -> None:
-        binary = shutil.which("docker-registry") or shutil.which("registry")
-        assert binary, "docker-registry is not installed (scripts/setup-host installs it)"
-        config = self.root / "config.yml"
-        config.write_text(
-            "version: 0.1\n"
-            "log:\n  level: error\n"
-            f"storage:\n  filesystem:\n    rootdirectory: {self.root / 'data'}\n  delete:\n    enabled: true\n"
-            f"http:\n  addr: {self.host}\n"
-        )
-        self.log = open(self.root / "registry.log", "ab")
-        self.process = subprocess.Popen([binary, "serve", str(config)], stdout=self.log, stderr=self.log)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                if requests.get(f"http://{self.host}/v2/", timeout=1).status_code == 200:
-                    return
-            except requests.RequestException:
-                time.sleep(0.1)
-        raise AssertionError(f"registry did not start: {(self.root / 'registry.log').read_text()}")
-
-    def stop(self) -> None:
-        if self.process:
-            self.process.terminate()
-            self.process.wait(10)
-            self.log.close()
-            self.process = None
-
-    def manifest_digest(self, repository: str, tag: str) -> str:
-        response = requests.head(
-            f"http://{self.host}/v2/{repository}/manifests/{tag}", timeout=10,
-            headers={"Accept": "application/vnd.docker.distribution.manifest.v2+json, "
-                               "application/vnd.oci.image.manifest.v1+json"})
-        response.raise_for_status()
-        return response.headers["Docker-Content-Digest"]
 
 
 class Answers500:
@@ -109,16 +49,6 @@ class Answers500:
         self.server.server_close()
 
 
-@pytest.fixture(scope="module")
-def client():
-    try:
-        client = docker.from_env()
-        client.ping()
-    except docker.errors.DockerException as error:
-        pytest.fail(f"Docker daemon not running ({error}); scripts/setup-host starts it")
-    return client
-
-
 @pytest.fixture
 def live_registry(tmp_path):
     server = Registry(tmp_path / "registry", free_port())
@@ -126,25 +56,6 @@ def live_registry(tmp_path):
     server.start()
     yield server
     server.stop()
-
-
-@pytest.fixture
-def image(client):
-    """A one-file image made with `docker import`: unique content, so a unique image id."""
-    repository = f"builder-test-{uuid.uuid4().hex[:8]}"
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as archive:
-        payload = f"{repository}\n".encode()
-        info = tarfile.TarInfo("hello.txt")
-        info.size, info.mtime = len(payload), 1767225600
-        archive.addfile(info, io.BytesIO(payload))
-    result = client.api.import_image_from_data(buffer.getvalue(), repository=repository, tag="candidate")
-    image_id = client.images.get(f"{repository}:candidate").id
-    assert json.loads(result.splitlines()[-1] if isinstance(result, str) else result)["status"] == image_id
-    yield {"id": image_id, "repository": repository, "immutable": f"{repository}:0.5.9-cu128-abc123"}
-    for tagged in client.images.list(all=True):
-        if tagged.id == image_id:
-            client.images.remove(image_id, force=True)
 
 
 @pytest.fixture

@@ -23,6 +23,7 @@ from builder.publish import lock
 from builder.errors import BuildFailure
 from builder.config.matrix import load_matrix
 from builder.publish.resolve import PLATFORM, Distribution, Resolution
+from engine_helpers import base_image  # noqa: F401 (the session's real Debian base)
 
 REPO = Path(__file__).resolve().parent.parent
 STACK = load_matrix(REPO / "matrix.toml").stack("sglang-0.5.9-cu128")
@@ -151,13 +152,18 @@ def test_sbom_of_a_real_image_written_with_the_locked_hashes(python_image, tmp_p
     path = tmp_path / "matrix.lock"
     lock.lock_stacks([STACK], path=path, resolver=lambda s: resolution)
     target = sbom.sbom_path(tmp_path / "build-reports" / f"{STACK.name}.json")
-    written = sbom.write_bom(target, STACK.name, image_id, lock.entry(STACK, path)["distributions"],
-                             STACK.source_date_epoch, client=client)
+    written = sbom.write_bom(target, STACK.name, image_id, lock.entry(STACK, path), client=client)
     assert written == tmp_path / "build-reports" / f"{STACK.name}.cdx.json"
     text = written.read_text()
     validate(text)
-    components = {c["name"]: c for c in json.loads(text)["components"]}
+    every = json.loads(text)["components"]
+    components = {c["name"]: c for c in every if c["purl"].startswith("pkg:pypi/")}
     assert sorted(components) == ["jinja2", "markupsafe", "packaging"]
+    # This image has no dpkg status: no system packages. The base is the lock's, not pinned yet.
+    assert [c for c in every if c["purl"].startswith("pkg:deb/")] == []
+    base = next(c for c in every if c["type"] == "container")
+    assert base["name"] == STACK.base.image and "version" not in base
+    assert base["purl"] == "pkg:oci/cuda?repository_url=nvidia/cuda&tag=12.8.1-cudnn-devel-ubuntu24.04"
     assert components["packaging"]["hashes"][0]["content"] == resolution.distributions[1].sha256
     assert "hashes" not in components["jinja2"] and "hashes" not in components["markupsafe"]
     assert components["jinja2"]["version"] == versions["jinja2"]
@@ -166,5 +172,72 @@ def test_sbom_of_a_real_image_written_with_the_locked_hashes(python_image, tmp_p
 @pytest.mark.engine
 def test_an_image_without_the_venv_python_is_a_clear_error(python_image):
     client, image_id = python_image
+    before = {c.id for c in client.containers.list(all=True)}
     with pytest.raises(BuildFailure, match=rf"^{image_id}: cannot run /no/python in it"):
         sbom.installed_distributions(image_id, client, python="/no/python")
+    assert {c.id for c in client.containers.list(all=True)} == before  # the failed container is gone
+
+
+# --- the whole image: a real Debian base, torch's real metadata in the venv ----------------------
+
+
+@pytest.fixture(scope="module")
+def debian_torch_image(base_image):
+    """The mmdebstrap base (real dpkg status, Debian's python3) with /opt/venv holding the metadata of
+    the torch distribution installed here: made by committing a container, no build engine needed."""
+    client = docker.from_env()
+    python = "python3.11"
+    dist_info = Path(importlib.metadata.distribution("torch")._path)  # noqa: SLF001 - where pip put it
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        cfg = b"home = /usr/bin\ninclude-system-site-packages = false\n"
+        info = tarfile.TarInfo("opt/venv/pyvenv.cfg")
+        info.size = len(cfg)
+        archive.addfile(info, io.BytesIO(cfg))
+        link = tarfile.TarInfo("opt/venv/bin/python")
+        link.type, link.linkname = tarfile.SYMTYPE, f"/usr/bin/{python}"
+        archive.addfile(link)
+        for path in sorted([dist_info, *dist_info.rglob("*")]):
+            archive.add(path, arcname=f"opt/venv/lib/{python}/site-packages/{path.relative_to(dist_info.parent)}",
+                        recursive=False)
+    container = client.containers.create(base_image.tag, command=["true"])
+    try:
+        container.put_archive("/", buffer.getvalue())
+        image = container.commit(repository=f"builder-sbom-debian-{uuid.uuid4().hex[:8]}", tag="1")
+    finally:
+        container.remove(force=True)
+    yield client, image.id, base_image
+    client.images.remove(image.id, force=True)
+
+
+@pytest.mark.engine
+def test_the_sbom_lists_debian_packages_torch_and_the_base_with_its_digest(debian_torch_image, tmp_path):
+    client, image_id, base = debian_torch_image
+    path = tmp_path / "matrix.lock"
+    local = load_matrix(REPO / "matrix.toml").stack("sglang-0.5.9-cu128-local")
+    torch_version = importlib.metadata.version("torch")
+    resolution = Resolution(local.python, PLATFORM, (), "first-index",
+                            (locked_distribution("torch", torch_version, "torch"),))
+    lock.lock_stacks([local], path=path, resolver=lambda s: resolution)
+    lock.record_base(local.base.name, base.image_id, path=path)
+
+    written = sbom.write_bom(tmp_path / "r.cdx.json", local.name, image_id, lock.entry(local, path), client=client)
+    text = written.read_text()
+    validate(text)
+    document = json.loads(text)
+    by_purl = {c["purl"].split("@")[0]: c for c in document["components"]}
+    assert by_purl["pkg:pypi/torch"]["version"] == torch_version
+    assert by_purl["pkg:pypi/torch"]["hashes"] == [{"alg": "SHA-256", "content": resolution.distributions[0].sha256}]
+    python3 = by_purl["pkg:deb/debian/python3"]
+    assert python3["purl"].startswith("pkg:deb/debian/python3@3.11.") and "distro=debian-12" in python3["purl"]
+    packages = base.packages  # "name=version" as mmdebstrap installed them
+    assert f"python3={python3['version']}" in packages
+    debs = [c for c in document["components"] if c["purl"].startswith("pkg:deb/")]
+    assert len(debs) == len(packages)
+    container = next(c for c in document["components"] if c["type"] == "container")
+    assert container["name"] == local.base.image and container["version"] == base.image_id
+    assert container["hashes"] == [{"alg": "SHA-256", "content": base.image_id.removeprefix("sha256:")}]
+    # The image depends on every component.
+    image_ref = document["metadata"]["component"]["bom-ref"]
+    depends = next(d["dependsOn"] for d in document["dependencies"] if d["ref"] == image_ref)
+    assert len(depends) == len(document["components"])

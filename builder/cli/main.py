@@ -11,8 +11,15 @@ from builder.cli import commands
 from builder.errors import BuildFailure, UserError
 
 
+class Parser(argparse.ArgumentParser):
+    """A bad argument is one line and exit 2, like every other input error (not argparse's usage block)."""
+
+    def error(self, message: str):
+        raise UserError(f"{message} (see `{self.prog} --help`)")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="builder",
         description="Reproducible container images for SGLang GPU serving stacks.",
     )
@@ -26,9 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
     try:
+        args = build_parser().parse_args(argv)
         return args.func(args)
     except (UserError, BuildFailure) as error:
         for line in str(error).splitlines():

@@ -138,7 +138,7 @@ def base_matches_cuda(stack: Stack) -> list[Problem]:
 
 def target_arch_valid(stack: Stack) -> list[Problem]:
     return [(("target_arch",), f"target_arch '{arch}' must look like '12.0'")
-            for arch in stack.target_arch if not _ARCH.match(arch)]
+            for arch in stack.target_arch if not _ARCH.fullmatch(arch)]
 
 
 def patch_series_match(stack: Stack, patches_root: Path) -> list[Problem]:

@@ -10,31 +10,40 @@ from __future__ import annotations
 import copy
 import difflib
 import itertools
+import os
 import re
+import stat
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from packaging.utils import canonicalize_name
+from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
 from builder.config import compat, schema
-from builder.errors import UserError
-from builder.paths import Project, local_base_tag
 from builder.config.stack import Base, Bench, Override, Package, Serve, ServeMode, Stack
 from builder.config.toml_positions import Positions
+from builder.errors import UserError, one_line
+from builder.paths import Project, local_base_tag
 
 # Usable as a Docker tag and as a directory name.
 _ROW_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,99}$")
+_NAME_PART = re.compile(r"^[a-z0-9._-]+$")
 LOCAL_SUFFIX = "-local"
+# CUDA "13.0.1" or "12.8"; an interpreter "3.12".
+_CUDA = re.compile(r"^\d{1,2}\.\d{1,2}(\.\d{1,3})?$")
+_PYTHON = re.compile(r"^3\.\d{1,2}$")
+# SOURCE_DATE_EPOCH stamps files, configs and labels: from 1970 to the last second of year 9999,
+# the range every timestamp format on the way (tar, OCI config, ISO 8601) can hold.
+EPOCH_MAX = 253402300799
 
 
 class MatrixError(UserError):
     """One or more problems in the matrix, each a `file:line: message` line."""
 
     def __init__(self, problems: list[str]):
-        self.problems = problems
-        super().__init__("\n".join(problems))
+        self.problems = [one_line(problem) for problem in problems]
+        super().__init__("\n".join(self.problems))
 
 
 @dataclass(frozen=True)
@@ -79,16 +88,32 @@ def load_matrix(path: str | Path, local_base: bool = False, patches_root: Path |
     series are looked up in the matrix's project unless `patches_root` names another directory."""
     path = Path(path)
     patches_root = patches_root or Project.of_matrix(path).patches
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as error:
-        raise UserError(f"{path}: cannot read the matrix: {error.strerror}") from None
+    text = _read_text(path)
     try:
         document = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
         raise MatrixError([f"{path}:{_syntax_error_position(error)}: TOML syntax error: {_syntax_error_message(error)}"]) from None
     loader = _Loader(path, Positions(text), document, patches_root)
     return loader.load(local_base)
+
+
+def _read_text(path: Path) -> str:
+    """The matrix as text; a FIFO, a device or a folder is refused before it is opened (reading a FIFO
+    blocks until something writes to it)."""
+    try:
+        mode = os.stat(path).st_mode
+        if not stat.S_ISREG(mode):
+            raise UserError(f"{path}: cannot read the matrix: not a regular file")
+        data = path.read_bytes()
+    except OSError as error:
+        raise UserError(f"{path}: cannot read the matrix: {error.strerror}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = data.count(b"\n", 0, error.start) + 1
+        column = error.start - (data.rfind(b"\n", 0, error.start) + 1) + 1
+        raise MatrixError([f"{path}:{line}:{column}: not UTF-8 text (byte 0x{data[error.start]:02x}); "
+                           "TOML files are UTF-8"]) from None
 
 
 def _syntax_error_position(error: tomllib.TOMLDecodeError) -> str:
@@ -124,15 +149,32 @@ class _Loader:
         self.positions = positions
         self.document = document
         self.patches_root = patches_root
-        self.problems: list[tuple[int, str]] = []
+        # (line, message) -> the rows it was found in (none for a problem outside any row): a problem
+        # an axis does not change is found in every row it expands to, and reported once.
+        self.problems: dict[tuple[int, str], list[str]] = {}
+        self.family_rows: dict[str, list[str]] = {}
+        self.bad_names: set[str] = set()
 
-    def problem(self, key_path, message: str) -> None:
-        self.problems.append((self.positions.line(key_path) or 1, message))
+    def problem(self, key_path, message: str, row: str | None = None) -> None:
+        rows = self.problems.setdefault((self.positions.line(key_path) or 1, message), [])
+        if row is not None and row not in rows:
+            rows.append(row)
 
     def fail_if_problems(self) -> None:
         if self.problems:
-            ordered = sorted(dict.fromkeys(self.problems))
-            raise MatrixError([f"{self.path}:{line}: {message}" for line, message in ordered])
+            raise MatrixError([f"{self.path}:{line}: {self._rows_label(rows)}{message}"
+                               for (line, message), rows in sorted(self.problems.items())])
+
+    def _rows_label(self, rows: list[str]) -> str:
+        """'' for no row; the [[stack]] name when every row it expands to has the problem; a row
+        on both bases is named once, as on its registry base."""
+        if not rows:
+            return ""
+        for family, members in self.family_rows.items():
+            if sorted(rows) == sorted(members):
+                return f"{family}: "
+        shown = [row for row in rows if not (row.endswith(LOCAL_SUFFIX) and row.removesuffix(LOCAL_SUFFIX) in rows)]
+        return ", ".join(shown) + ": "
 
     def load(self, local_base: bool) -> Matrix:
         for key_path, message in schema.check(self.document, schema.MATRIX):
@@ -140,16 +182,18 @@ class _Loader:
         self.fail_if_problems()
         if self.document["schema"] != 1:
             self.problem(("schema",), f"unsupported matrix schema {self.document['schema']} (this builder reads 1)")
-        registry_rows, local_rows = [], []
+        self._check_defaults()
+        registry_rows, local_rows, indices = [], [], []
         for index, raw in enumerate(self.document["stack"]):
             for row_data, axes in self._expand(index, raw):
                 registry_rows.append(self._row(index, row_data, axes, local=False))
                 local_rows.append(self._row(index, row_data, axes, local=True))
+                indices.append(index)
         self.fail_if_problems()
-        self._check_names(registry_rows + local_rows)
+        self._check_names(list(zip(indices + indices, registry_rows + local_rows)))
         for row in registry_rows + local_rows:
             for key_path, message in compat.check_stack(row, self.patches_root):
-                self.problem(self._locate(row, key_path), f"{row.name}: {message}")
+                self.problem(self._locate(row, key_path), message, row.name)
         self.fail_if_problems()
         default_source = self.document["defaults"].get("base_source", "registry")
         configured = [
@@ -158,6 +202,15 @@ class _Loader:
         ]
         return Matrix(self.path, tuple(configured), tuple(registry_rows), tuple(local_rows), self.document["local_base"],
                       self.document["defaults"]["source_date_epoch"])
+
+    def _check_defaults(self) -> None:
+        epoch = self.document["defaults"]["source_date_epoch"]
+        if not 0 <= epoch <= EPOCH_MAX:
+            self.problem(("defaults", "source_date_epoch"),
+                         f"source_date_epoch {epoch} is not a time from 1970 to 9999 (0 to {EPOCH_MAX} seconds)")
+        local = self.document["local_base"]
+        if not _PYTHON.fullmatch(local["python"]):
+            self.problem(("local_base", "python"), f"local_base python '{local['python']}' must look like '3.11'")
 
     def _base_source(self, row: Stack, default: str) -> str:
         raw = self.document["stack"][self._stack_index(row)]
@@ -192,19 +245,14 @@ class _Loader:
     def _row(self, index: int, data: dict, axes: tuple, local: bool) -> Stack:
         defaults = self.document["defaults"]
         name = "-".join([data["name"], *(value for _, value in axes)]) + (LOCAL_SUFFIX if local else "")
+        self.family_rows.setdefault(data["name"], []).append(name)
         base = self._local_base() if local else self._registry_base(index, data["base"], axes)
-        packages = []
-        for package_name, spec in data["packages"].items():
-            try:
-                Version(spec["version"])
-            except InvalidVersion:
-                self.problem(self._axis_path(index, axes, ("packages", package_name, "version")),
-                             f"{name}: '{spec['version']}' is not a valid version for {package_name}")
-                spec = {**spec, "version": "0"}
-            if spec.get("index") and spec.get("url"):
-                self.problem(self._axis_path(index, axes, ("packages", package_name)),
-                             f"{name}: {package_name} names both an index and a url; give one source")
-            packages.append(Package(canonicalize_name(package_name), spec["version"], spec.get("index"), spec.get("url")))
+        cuda = data["cuda"]
+        if not _CUDA.fullmatch(cuda):
+            self.problem(self._axis_path(index, axes, ("cuda",)), f"cuda '{cuda}' must look like '13.0.1'", name)
+            cuda = "0.0"
+        packages = [self._package(index, axes, name, key, spec)
+                    for key, spec in self._distinct_pins(index, axes, name, data["packages"]).items()]
         packages.sort(key=lambda p: p.name)
         overrides = tuple(_override(o, packages) for o in data.get("overrides", []))
         serve = data["serve"]
@@ -218,7 +266,7 @@ class _Loader:
             family=data["name"],
             description=data.get("description", ""),
             axes=axes,
-            cuda=data["cuda"],
+            cuda=cuda,
             python=base.python,
             base=base,
             target_arch=tuple(data["target_arch"]),
@@ -234,6 +282,45 @@ class _Loader:
             source_line=self.positions.line(("stack", index)) or 1,
         )
 
+    def _distinct_pins(self, index: int, axes: tuple, row: str, pins: dict) -> dict:
+        """The pins, less a second spelling of a distribution already pinned (a problem)."""
+        kept: dict[str, str] = {}  # canonical name -> key as first written
+        for key in pins:
+            first = kept.setdefault(canonicalize_name(key), key)
+            if first != key:
+                self.problem(self._axis_path(index, axes, ("packages", key)),
+                             f"{first} and {key} name the same distribution ({canonicalize_name(key)}); "
+                             "pin it once", row)
+        return {key: pins[key] for key in kept.values()}
+
+    def _package(self, index: int, axes: tuple, row: str, key: str, spec: dict) -> Package:
+        """One pin; a problem for an invalid version, or a url that names no wheel or another wheel."""
+        where = self._axis_path(index, axes, ("packages", key))
+        name = canonicalize_name(key)
+        version = spec["version"]
+        try:
+            Version(version)
+        except InvalidVersion:
+            self.problem(self._axis_path(index, axes, ("packages", key, "version")),
+                         f"'{version}' is not a valid version for {key}", row)
+            version = "0"
+        if spec.get("index") and spec.get("url"):
+            self.problem(where, f"{key} names both an index and a url; give one source", row)
+        if spec.get("url"):
+            self._check_wheel_url(where, row, name, version, spec["url"])
+        return Package(name, version, spec.get("index"), spec.get("url"))
+
+    def _check_wheel_url(self, where: tuple, row: str, name: str, version: str, url: str) -> None:
+        filename = url.rsplit("/", 1)[-1]
+        try:
+            wheel_name, wheel_version, _, _ = parse_wheel_filename(filename)
+        except InvalidWheelFilename:
+            self.problem(where, f"{name}: url must end in a wheel file name "
+                                f"(NAME-VERSION-PYTHON-ABI-PLATFORM.whl), not '{filename}'", row)
+            return
+        if wheel_name != name or (version != "0" and wheel_version != Version(version)):
+            self.problem(where, f"{name} {version}: its url is the wheel of {wheel_name} {wheel_version}", row)
+
     def _registry_base(self, index: int, name: str, axes: tuple) -> Base:
         bases = self.document["bases"]
         if name not in bases:
@@ -242,6 +329,9 @@ class _Loader:
                          f"unknown base '{name}'" + (f" (did you mean '{close[0]}'?)" if close else ""))
             return Base(name, name, "", "0.0", "", (), "0.0", False)
         spec = bases[name]
+        for key, pattern, example in (("cuda", _CUDA, "13.0.1"), ("python", _PYTHON, "3.12")):
+            if not pattern.fullmatch(spec[key]):
+                self.problem(("bases", name, key), f"base {name}: {key} '{spec[key]}' must look like '{example}'")
         if spec["digest"] and not re.fullmatch(r"sha256:[0-9a-f]{64}", spec["digest"]):
             self.problem(("bases", name, "digest"), f"base {name}: digest must be 'sha256:' and 64 hex digits")
         return Base(name, spec["image"], spec["digest"], spec["python"], spec["venv_python"],
@@ -263,14 +353,22 @@ class _Loader:
     def _locate(self, row: Stack, sub: tuple) -> tuple:
         return self._axis_path(self._stack_index(row), row.axes, sub)
 
-    def _check_names(self, rows: list[Stack]) -> None:
+    def _check_names(self, rows: list[tuple[int, Stack]]) -> None:
+        """Row names usable as tags, each once; a bad one points at the axis value that made it."""
         seen: set[str] = set()
-        for row in rows:
-            if not _ROW_NAME.match(row.name):
-                self.problems.append((row.source_line, f"stack name '{row.name}' is not usable as a tag "
-                                                       "(lowercase letters, digits, '.', '_', '-')"))
+        for index, row in rows:
+            if row.base.local and row.name.removesuffix(LOCAL_SUFFIX) in self.bad_names:
+                continue  # the same name on the registry base is reported already
+            if not _ROW_NAME.fullmatch(row.name):
+                self.bad_names.add(row.name)
+                bad_axes = [("stack", index, "axes", axis, value) for axis, value in row.axes
+                            if not _NAME_PART.fullmatch(value)]
+                self.problem(bad_axes[0] if bad_axes else ("stack", index, "name"),
+                             f"stack name '{row.name}' is not usable as a tag "
+                             "(at most 100 of: lowercase letters, digits, '.', '_', '-')")
             if row.name in seen:
-                self.problems.append((row.source_line, f"duplicate stack name '{row.name}'"))
+                self.bad_names.add(row.name)
+                self.problem(("stack", index, "name"), f"duplicate stack name '{row.name}'")
             seen.add(row.name)
         self.fail_if_problems()
 

@@ -12,6 +12,7 @@ bit-reproducible, so `reproducible` is False and buildah stays the default engin
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import tempfile
 import time
@@ -24,6 +25,7 @@ from builder.engine.daemon import DockerDaemon
 from builder.errors import UserError
 
 INSTALL_HINT = "install docker-buildx (or Debian's docker.io, whose CLI has BuildKit built in)"
+_FROM = re.compile(r"^\s*FROM\s+(?:--\S+\s+)*(\S+)", re.IGNORECASE | re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -96,6 +98,7 @@ class DockerEngine:
     def build(self, request: BuildRequest) -> BuildResult:
         self.check()
         check_request_inputs(request)
+        self._require_local_bases(request.dockerfile)
         started = time.monotonic()
         with tempfile.TemporaryDirectory(prefix="builder-iid-") as scratch:
             iidfile = Path(scratch) / "iid"
@@ -110,6 +113,15 @@ class DockerEngine:
             layers=self.inspect(image_id).layers,
             duration_s=round(time.monotonic() - started, 1),
         )
+
+    def _require_local_bases(self, dockerfile: Path) -> None:
+        """A `localhost/...` base exists only where it was loaded: BuildKit would try a registry on
+        localhost:80 for it. `builder base` loads the local base into buildah unless told otherwise."""
+        for ref in _FROM.findall(dockerfile.read_text(encoding="utf-8")):
+            if ref.startswith("localhost/") and self.daemon.image_id(ref) is None:
+                raise UserError(
+                    f"base image {ref} is not in the Docker daemon: run `builder base --engine docker`, "
+                    f"or copy it from buildah with `buildah push {ref} docker-daemon:{ref}`")
 
     def _apply_tags(self, image_id: str, tags: tuple[str, ...]) -> None:
         """All tags or none: on failure or Ctrl-C each tag goes back to its previous image."""

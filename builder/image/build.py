@@ -144,8 +144,7 @@ def build_stack(stack: Stack, engine: Engine, progress: Progress, project: Proje
         engine.remove(candidate)
     write_report(report_path, stack, inputs, result, engine.inspect(result.image_id).config, smoke_result,
                  [immutable_tag, moving])
-    sbom_path = sbom.write_bom(sbom.sbom_path(report_path), stack.name, result.image_id,
-                               entry["distributions"], stack.source_date_epoch)
+    sbom_path = sbom.write_bom(sbom.sbom_path(report_path), stack.name, result.image_id, entry)
     durations["total"] = round(time.monotonic() - started, 1)
     statement = provenance.statement(
         inputs, image_id=result.image_id, immutable_tag=immutable_tag, engine=engine.name,

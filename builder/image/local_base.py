@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from builder.engine.protocol import Engine
+from builder.image import dpkg
 from builder.errors import BuildFailure, UserError
 from builder.paths import local_base_tag
 
@@ -159,14 +160,7 @@ def installed_packages(rootfs_tar: Path) -> tuple[str, ...]:
         if member is None:
             raise BuildFailure(f"{rootfs_tar}: no dpkg status file: not a Debian root filesystem")
         status = member.read().decode()
-    packages = []
-    for stanza in status.split("\n\n"):
-        fields = dict(
-            line.split(": ", 1) for line in stanza.splitlines() if ": " in line and line[0] != " "
-        )
-        if "installed" in fields.get("Status", ""):
-            packages.append(f"{fields['Package']}={fields['Version']}")
-    return tuple(sorted(packages))
+    return tuple(sorted(f"{fields['Package']}={fields['Version']}" for fields in dpkg.installed(status)))
 
 
 def _iso_time(epoch: int) -> str:

@@ -18,9 +18,9 @@ import docker
 import docker.errors
 import requests
 
-from builder.engine.daemon import DockerDaemon, docker_client
+from builder.engine.daemon import docker_client
 from builder.errors import BuildFailure, UserError
-from builder.publish import lock
+from builder.publish import lock, registry_auth
 
 ATTEMPTS = 4
 BASE_DELAY_S = 2.0
@@ -113,11 +113,27 @@ def ping(host: str) -> None:
         raise BuildFailure(f"{host} is not a registry: /v2/ answered HTTP {response.status_code}")
 
 
-def remote_config_digest(host: str, repository: str, tag: str) -> str | None:
-    """The image id (config digest) the registry's tag points at; None when the tag is absent or
-    cannot be read anonymously; '?' when it names a multi-platform index."""
-    response = _api_get(host, f"/v2/{repository}/manifests/{tag}", {"Accept": _MANIFEST_TYPES})
-    if response.status_code in (401, 403, 404):
+def remote_config_digest(host: str, repository: str, tag: str,
+                         credentials: registry_auth.Credentials | None = None) -> str | None:
+    """The image id (config digest) the registry's tag points at; None when the tag is absent; '?'
+    when it names a multi-platform index. A registry that wants a login gets one (basic or bearer);
+    when it still will not say, the answer is unknown, and that refuses (UserError)."""
+    path, headers = f"/v2/{repository}/manifests/{tag}", {"Accept": _MANIFEST_TYPES}
+    response = _api_get(host, path, headers)
+    if response.status_code == 401:
+        try:
+            login = registry_auth.answer(response.headers.get("WWW-Authenticate", ""), credentials)
+        except requests.RequestException as error:
+            raise TransientError(f"registry {host}: its token service is unreachable ({_reason(error)})") from None
+        if login is not None:
+            response = _api_get(host, path, {**headers, **login})
+    if response.status_code in (401, 403) and credentials is None:
+        raise UserError(f"{host} needs a login to tell whether {repository}:{tag} exists, and "
+                        f"{registry_auth.config_path()} has no credentials for it: run `docker login {host}`")
+    if response.status_code in (401, 403):
+        raise UserError(f"{host} refused the credentials in {registry_auth.config_path()} for reading "
+                        f"{repository}:{tag} (HTTP {response.status_code}): run `docker login {host}` again")
+    if response.status_code == 404:
         return None
     if response.status_code != 200:
         raise BuildFailure(f"{host}: reading {repository}:{tag} answered HTTP {response.status_code}")
@@ -147,25 +163,26 @@ def push(stack: str, registry: str, *, lock_path: Path, retry: Retry = Retry(),
         local_id = client.images.get(image["id"]).id
     except docker.errors.ImageNotFound:
         raise UserError(f"{stack}: image {image['id']} is not in the Docker daemon: build or pull it") from None
+    credentials = registry_auth.docker_credentials(host)
 
     def once() -> str:
         ping(host)
-        existing = remote_config_digest(host, remote, tag)
+        existing = remote_config_digest(host, remote, tag, credentials)
         if existing not in (None, local_id):
             raise BuildFailure(f"{host}/{remote}:{tag} already names another image ({existing}); "
                                "immutable tags are never moved")
         client.api.tag(local_id, f"{host}/{remote}", tag)
-        return _push_stream(client, f"{host}/{remote}", tag)
+        return _push_stream(client, f"{host}/{remote}", tag, credentials.for_daemon(host) if credentials else None)
 
     digest = retry.run(f"push {host}/{remote}:{tag}", once)
     lock.record_push(stack, registry=registry, repository=remote, tag=tag, digest=digest, path=lock_path)
     return {"reference": f"{host}/{remote}@{digest}", "tag": f"{host}/{remote}:{tag}", "digest": digest}
 
 
-def _push_stream(client: docker.DockerClient, repository: str, tag: str) -> str:
+def _push_stream(client: docker.DockerClient, repository: str, tag: str, auth_config: dict | None) -> str:
     digest = None
     try:
-        for event in client.api.push(repository, tag=tag, stream=True, decode=True):
+        for event in client.api.push(repository, tag=tag, stream=True, decode=True, auth_config=auth_config):
             if "error" in event:
                 message = event.get("errorDetail", {}).get("message") or event["error"]
                 if is_transient(message):

@@ -96,15 +96,22 @@ def read_stream(lines: Iterable[bytes], started: float, clock: Callable[[], floa
     chunk_times: list[float] = []
     completion_tokens = 0
     meta: dict = {}
+    other = ""  # the first line that is not a server-sent event: what came back instead of a stream
     for raw in lines:
         line = raw.decode("utf-8", errors="replace").strip()
         if not line.startswith("data:"):
+            other = other or line
             continue
         data = line[len("data:") :].strip()
         if data == "[DONE]":
             break
         arrived = clock()
-        event = json.loads(data)
+        try:
+            event = json.loads(data)
+        except ValueError:
+            event = None
+        if not isinstance(event, dict):
+            raise BenchFailed(f"server streamed an event that is not a JSON object: {data[:120]!r}")
         if "error" in event:
             raise BenchFailed(f"server answered /generate with an error: {event['error']}")
         meta = event.get("meta_info", {})
@@ -115,7 +122,8 @@ def read_stream(lines: Iterable[bytes], started: float, clock: Callable[[], floa
             chunk_times.append(arrived)
             completion_tokens = tokens
     if first_token_at is None:
-        raise BenchFailed("server streamed no tokens for /generate")
+        answered = f"; it answered {other[:120]!r} instead of an event stream" if other else ""
+        raise BenchFailed(f"server streamed no tokens for /generate{answered}")
     if completion_tokens < 2 or len(chunk_times) < 2:
         raise BenchFailed(
             f"server delivered {completion_tokens} tokens in {len(chunk_times)} chunk(s); "

@@ -26,12 +26,12 @@ import json
 import os
 import signal
 import sys
+import urllib.parse
 
 from builder.runtime import bench, preflight, serve_launch, stackinfo
 from builder.runtime.serve_errors import (
     EXIT_OK,
     EXIT_SIGNAL_BASE,
-    BenchFailed,
     EntrypointError,
     PreflightError,
     StartupFailed,
@@ -80,8 +80,16 @@ def non_negative_int(text: str) -> int:
 
 def seconds(text: str) -> float:
     value = float(text)
-    if not value > 0:
+    if not 0 < value < float("inf"):
         raise argparse.ArgumentTypeError(f"{text} is not a positive number of seconds")
+    return value
+
+
+def tokens_per_second(text: str) -> float:
+    """A decode rate in tok/s: positive and finite."""
+    value = float(text)
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} is not a positive rate in tok/s")
     return value
 
 
@@ -90,6 +98,27 @@ def port_number(text: str) -> int:
     if not 1 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"{text} is not a TCP port")
     return value
+
+
+def server_base_url(text: str) -> str:
+    """http(s)://HOST[:PORT][/PATH] of a running server."""
+    try:
+        parts = urllib.parse.urlsplit(text)
+        port = parts.port
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a URL: {error}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a server URL; give http://HOST:PORT")
+    if port == 0:
+        raise argparse.ArgumentTypeError(f"{text!r} names port 0")
+    return text
+
+
+class Parser(argparse.ArgumentParser):
+    """Bad arguments are one line, exit 2, like every other usage error (not argparse's usage block)."""
+
+    def error(self, message: str):
+        raise UsageError(f"{message} (see `{self.prog} --help`)")
 
 
 def add_launch_options(parser: argparse.ArgumentParser, model_required: bool) -> None:
@@ -115,7 +144,7 @@ def add_launch_options(parser: argparse.ArgumentParser, model_required: bool) ->
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog=PROG,
         description="Launch, supervise and benchmark the stack's SGLang server.",
         epilog="Arguments after -- go to sglang.launch_server unchanged.",
@@ -131,12 +160,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench_parser = commands.add_parser("bench", help="start (or attach to) the server and benchmark it")
     add_launch_options(bench_parser, model_required=False)
-    bench_parser.add_argument("--url", help="benchmark a running server instead of launching one")
+    bench_parser.add_argument("--url", type=server_base_url,
+                              help="benchmark a running server (http://HOST:PORT) instead of launching one")
     bench_parser.add_argument("--input-len", type=positive_int, help="prompt tokens (stack default)")
     bench_parser.add_argument("--output-len", type=positive_int, help="generated tokens (stack default)")
     bench_parser.add_argument("--repetitions", type=positive_int, help="measured requests (stack default)")
     bench_parser.add_argument("--warmup", type=non_negative_int, default=DEFAULT_WARMUP)
-    bench_parser.add_argument("--reference", type=float, help="tok/s to compare with (default: pinned figure)")
+    bench_parser.add_argument("--reference", type=tokens_per_second, help="tok/s to compare with (default: pinned figure)")
     bench_parser.add_argument("--tolerance", type=float, help="allowed loss, 0.03 = 3%% (stack default)")
     bench_parser.add_argument("--output", help="report path (default: CACHE_DIR/bench/STACK-MODE.json)")
     bench_parser.set_defaults(func=cmd_bench)

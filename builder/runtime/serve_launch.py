@@ -127,6 +127,30 @@ def check_extra_args(extra_args: tuple[str, ...]) -> None:
             )
 
 
+def check_multi_node(options: ServeOptions) -> None:
+    """--node-rank below --nnodes; --dist-init-addr as HOST:PORT ([V6]:PORT), as SGLang splits it."""
+    if options.node_rank is not None and options.nnodes is not None and options.node_rank >= options.nnodes:
+        raise UsageError(f"--node-rank {options.node_rank} must be below --nnodes {options.nnodes} (ranks count from 0)")
+    if options.dist_init_addr is not None:
+        host, _, port = options.dist_init_addr.rpartition(":")
+        if not host.strip("[]") or not (port.isdigit() and 1 <= int(port) <= 65535):
+            raise UsageError(f"--dist-init-addr {options.dist_init_addr!r} must be HOST:PORT (node 0's address and a free port)")
+
+
+def check_model_path(path: str, flag: str) -> None:
+    """A checkpoint is a directory; the one file SGLang loads as a model is a GGUF file
+    (sglang's check_gguf_file: a .gguf name or the GGUF magic). Absent paths are pre-flight's to report."""
+    if not os.path.isfile(path) or path.endswith(".gguf"):
+        return
+    try:
+        with open(path, "rb") as handle:
+            if handle.read(4) == b"GGUF":
+                return
+    except OSError:
+        return  # unreadable: pre-flight says so
+    raise UsageError(f"{flag} {path} is a file; give the checkpoint directory (config.json and the weights)")
+
+
 def user_overrides(options: ServeOptions) -> dict:
     """The entrypoint's options as ServerArgs names; unset options leave the profile alone."""
     overrides = {
@@ -162,7 +186,11 @@ def build_plan(stack: dict, options: ServeOptions, python: str) -> LaunchPlan:
         raise UsageError("--node-rank needs --nnodes")
     if (options.nnodes or 1) > 1 and not options.dist_init_addr:
         raise UsageError("--nnodes above 1 needs --dist-init-addr HOST:PORT")
+    check_multi_node(options)
     check_extra_args(options.extra_args)
+    check_model_path(options.model, "--model")
+    if options.draft_model:
+        check_model_path(options.draft_model, "--draft-model")
 
     server_args = dict(profile["args"])
     server_args.pop("model_path", None)  # the model always comes from --model

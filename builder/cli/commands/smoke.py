@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from builder.engine import image_reference
 from builder.image import smoke_gate
 from builder.runtime.smoke import CHECKS
 
@@ -21,4 +22,4 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    return smoke_gate.smoke(args.image, args.gpus, args.json_path, args.only)
+    return smoke_gate.smoke(image_reference.check_reference(args.image), args.gpus, args.json_path, args.only)

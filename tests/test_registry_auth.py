@@ -1,0 +1,142 @@
+"""Immutable tags on a registry that needs a login: Debian's docker-registry on loopback with
+htpasswd (basic) authentication, the credentials where `docker login` puts them, the real daemon."""
+
+from __future__ import annotations
+
+import base64
+import json
+import socket
+
+import bcrypt
+import pytest
+import requests
+
+from builder.publish import lock, registry, registry_auth
+from builder.cli.main import main
+from builder.config.matrix import load_matrix
+from builder.errors import BuildFailure, UserError
+
+from support import REPO, Registry, resolution_of
+
+STACK = load_matrix(REPO / "matrix.toml").stack("sglang-0.5.9-cu128")
+
+
+@pytest.fixture
+def path(tmp_path, monkeypatch):
+    """A lock whose cu128 entry is resolved; `built` records the test image in it."""
+    lock_path = tmp_path / "matrix.lock"
+    monkeypatch.setenv("BUILDER_LOCK", str(lock_path))
+    lock.lock_stacks([STACK], path=lock_path, resolver=resolution_of)
+    return lock_path
+
+
+@pytest.fixture
+def built(record_image):
+    return lambda path, image: record_image(STACK, image["id"], [image["immutable"]], path)
+
+pytestmark = pytest.mark.engine
+
+USER, PASSWORD = "builder", "s3cret-passw0rd"
+TAG = "0.5.9-cu128-abc123"
+
+
+def loopback_port() -> int:
+    """A free port in 5100-5199, the range these tests keep to."""
+    for port in range(5100, 5200):
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise AssertionError("no free loopback port in 5100-5199")
+
+
+@pytest.fixture
+def secured(tmp_path):
+    """The registry, asking every request for a login (htpasswd holds one bcrypt entry)."""
+    htpasswd = tmp_path / "htpasswd"
+    htpasswd.write_text(f"{USER}:{bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(rounds=4)).decode()}\n")
+    server = Registry(tmp_path / "registry", loopback_port(), htpasswd)
+    server.root.mkdir()
+    server.start()
+    yield server
+    server.stop()
+
+
+def docker_config(tmp_path, monkeypatch, host: str, user: str | None, password: str = PASSWORD) -> None:
+    """DOCKER_CONFIG as `docker login HOST` leaves it (or with no entry for HOST)."""
+    folder = tmp_path / "docker-config"
+    folder.mkdir(exist_ok=True)
+    auths = {host: {"auth": base64.b64encode(f"{user}:{password}".encode()).decode()}} if user else {}
+    (folder / "config.json").write_text(json.dumps({"auths": auths}))
+    monkeypatch.setenv("DOCKER_CONFIG", str(folder))
+
+
+def manifest_config_digest(server: Registry, repository: str) -> str:
+    response = requests.get(f"http://{server.host}/v2/{repository}/manifests/{TAG}", auth=(USER, PASSWORD),
+                            headers={"Accept": "application/vnd.docker.distribution.manifest.v2+json"}, timeout=10)
+    response.raise_for_status()
+    return response.json()["config"]["digest"]
+
+
+def test_the_registry_really_wants_a_login(secured):
+    response = requests.get(f"http://{secured.host}/v2/", timeout=10)
+    assert response.status_code == 401
+    assert registry_auth.parse_challenge(response.headers["WWW-Authenticate"]) == ("basic", {"realm": "builder-test"})
+
+
+def test_right_credentials_push(client, secured, image, path, tmp_path, monkeypatch, built):
+    docker_config(tmp_path, monkeypatch, secured.host, USER)
+    built(path, image)
+    pushed = registry.push(STACK.name, secured.host, client=client, lock_path=path)
+    assert manifest_config_digest(secured, image["repository"]) == image["id"]
+    assert lock.entry(STACK, path)["push"]["digest"] == pushed["digest"]
+    # The same image again: the probe reads the tag (authenticated) and finds this very image.
+    assert registry.push(STACK.name, secured.host, client=client, lock_path=path)["digest"] == pushed["digest"]
+
+
+def test_an_existing_immutable_tag_is_refused(client, secured, image, path, tmp_path, monkeypatch, built):
+    """Anonymously the registry answers 401 to everything: read as 'absent', the tag would move."""
+    docker_config(tmp_path, monkeypatch, secured.host, USER)
+    built(path, image)
+    registry.push(STACK.name, secured.host, client=client, lock_path=path)
+    client.api.import_image_from_data(b"\0" * 2048, repository=image["repository"], tag="other")
+    other_id = client.images.get(f"{image['repository']}:other").id
+    try:
+        built(path, {**image, "id": other_id})
+        before = path.read_bytes()
+        with pytest.raises(BuildFailure, match=rf"already names another image \({image['id']}\); "
+                                               "immutable tags are never moved$"):
+            registry.push(STACK.name, secured.host, client=client, lock_path=path)
+        assert path.read_bytes() == before
+        assert manifest_config_digest(secured, image["repository"]) == image["id"]
+    finally:
+        client.images.remove(other_id, force=True)
+
+
+def test_missing_credentials_are_one_clear_line(client, secured, image, path, tmp_path, monkeypatch, capsys, built):
+    docker_config(tmp_path, monkeypatch, secured.host, None)
+    built(path, image)
+    before = path.read_bytes()
+    assert main(["push", STACK.name, "--registry", secured.host]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"builder: error: {secured.host} needs a login to tell whether {image['repository']}:{TAG} "
+                   f"exists, and {tmp_path}/docker-config/config.json has no credentials for it: "
+                   f"run `docker login {secured.host}`\n")
+    assert path.read_bytes() == before
+    missing = requests.get(f"http://{secured.host}/v2/{image['repository']}/manifests/{TAG}",
+                           auth=(USER, PASSWORD), timeout=10)
+    assert missing.status_code == 404  # nothing was pushed
+
+
+def test_refused_credentials_are_one_clear_line(client, secured, image, path, tmp_path, monkeypatch, built):
+    docker_config(tmp_path, monkeypatch, secured.host, USER, password="wrong")
+    built(path, image)
+    before = path.read_bytes()
+    with pytest.raises(UserError) as refusal:
+        registry.push(STACK.name, secured.host, client=client, lock_path=path)
+    assert str(refusal.value) == (
+        f"{secured.host} refused the credentials in {tmp_path}/docker-config/config.json for reading "
+        f"{image['repository']}:{TAG} (HTTP 401): run `docker login {secured.host}` again")
+    assert path.read_bytes() == before
