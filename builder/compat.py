@@ -188,9 +188,23 @@ def declared_requirement(declaring: str, version: str, name: str) -> str:
     return compat_data()["declared"].get(f"{declaring}=={version}", {}).get(name, "")
 
 
+def minimum_driver(cuda: str) -> dict | None:
+    """{"cuda", "minimum", "source"}: the oldest Linux driver the CUDA toolkit release runs on."""
+    entry = compat_data()["cuda_driver"].get(cuda)
+    return {"cuda": cuda, "minimum": entry["linux"], "source": entry["source"]} if entry else None
+
+
+def minimum_driver_known(stack: Stack) -> list[Problem]:
+    if minimum_driver(stack.cuda) is None:
+        return [(("cuda",), f"no minimum NVIDIA driver is recorded for CUDA {stack.cuda}; add it to "
+                            "builder/compat_data.toml [cuda_driver] from NVIDIA's CUDA Toolkit release notes")]
+    return []
+
+
 def check_stack(stack: Stack, patches_root: Path) -> list[Problem]:
     return [
         *target_arch_valid(stack),
+        *minimum_driver_known(stack),
         *base_matches_cuda(stack),
         *torch_matches_cuda(stack),
         *kernels_match_cuda(stack),

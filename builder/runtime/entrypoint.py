@@ -200,8 +200,8 @@ def announce_env(plan: serve_launch.LaunchPlan) -> None:
             say(f"env {name}={plan.env[name]}")
 
 
-def run_preflight(plan: serve_launch.LaunchPlan) -> preflight.PreflightReport:
-    report = preflight.run_preflight(plan, dict(os.environ))
+def run_preflight(plan: serve_launch.LaunchPlan, stack: dict) -> preflight.PreflightReport:
+    report = preflight.run_preflight(plan, dict(os.environ), stack["driver"])
     for warning in report.warnings:
         say(f"warning: {warning}")
     if report.problems:
@@ -242,7 +242,7 @@ def cmd_serve(args: argparse.Namespace, extra: tuple[str, ...]) -> int:
         return EXIT_OK
     limits = timeouts(args)
     announce_env(plan)
-    report = run_preflight(plan)
+    report = run_preflight(plan, stack)
     return supervised(plan, args, report, limits)
 
 
@@ -289,7 +289,7 @@ def cmd_bench(args: argparse.Namespace, extra: tuple[str, ...]) -> int:
     plan = serve_launch.build_plan(stack, serve_options(args, extra), sys.executable)
     limits = timeouts(args)
     announce_env(plan)
-    report = run_preflight(plan)
+    report = run_preflight(plan, stack)
     url = server_url(plan.host, plan.port)
 
     def job_for(supervisor: Supervisor):
