@@ -137,6 +137,7 @@ class _Loader:
                 local_rows.append(self._row(index, row_data, axes, local=True))
         self.fail_if_problems()
         self._check_names(registry_rows + local_rows)
+        self._check_replaces(registry_rows + local_rows)
         for row in registry_rows + local_rows:
             for key_path, message in compat.check_stack(row, self.patches_root):
                 self.problem(self._locate(row, key_path), f"{row.name}: {message}")
@@ -200,7 +201,7 @@ class _Loader:
         serve = data["serve"]
         modes = tuple(
             ServeMode(mode, dict(spec["args"]), dict(spec.get("env", {})),
-                      spec.get("requires_draft_model", False))
+                      spec.get("requires_draft_model", False), dict(spec.get("reasons", {})))
             for mode, spec in serve["modes"].items()
         )
         return Stack(
@@ -221,6 +222,7 @@ class _Loader:
             source_date_epoch=defaults["source_date_epoch"],
             repository=defaults["repository"],
             source_line=self.positions.line(("stack", index)) or 1,
+            replaces=data["replaces"] + (LOCAL_SUFFIX if local else "") if data.get("replaces") else None,
         )
 
     def _registry_base(self, index: int, name: str, axes: tuple) -> Base:
@@ -251,6 +253,14 @@ class _Loader:
 
     def _locate(self, row: Stack, sub: tuple) -> tuple:
         return self._axis_path(self._stack_index(row), row.axes, sub)
+
+    def _check_replaces(self, rows: list[Stack]) -> None:
+        names = {row.name for row in rows}
+        for row in rows:
+            if row.replaces and (row.replaces not in names or row.replaces == row.name):
+                self.problem(self._locate(row, ("replaces",)),
+                             f"{row.name}: replaces '{row.replaces}', which is not another row of the matrix")
+        self.fail_if_problems()
 
     def _check_names(self, rows: list[Stack]) -> None:
         seen: set[str] = set()

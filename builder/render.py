@@ -15,7 +15,7 @@ from typing import Callable
 
 import jinja2
 
-from builder import baselines
+from builder import baselines, compat
 from builder import patches as patch_series
 from builder.errors import UserError
 from builder.files import write_atomic
@@ -85,18 +85,34 @@ def is_locked(requirements_text: str) -> bool:
     return not requirements_text.startswith("# UNLOCKED")
 
 
-def pinned_figures(stack: Stack) -> dict[str, float]:
-    """Each serve mode's pinned tok/s (bench/reference.toml); a -local row shares its registry row's."""
-    figures = baselines.load().get(stack.name.removesuffix(LOCAL_SUFFIX), [])
-    return {f["mode"]: f["tok_s"] for f in figures if f["baseline"]}
+def _figure(figure: dict | None) -> dict | None:
+    """A reference figure as stack.json carries it (stackinfo.py)."""
+    if figure is None:
+        return None
+    keys = ("stack", "mode", "tok_s", "attention_backend", "model", "source")
+    return {**{key: figure[key] for key in keys}, "hardware": figure["hardware"]["description"],
+            "note": figure.get("note", "")}
+
+
+def mode_references(stack: Stack) -> dict[str, dict]:
+    """Per serve mode: this row's pinned figure and the replaced row's (bench/reference.toml).
+    A -local row shares its registry row's figures, and so does the row it replaces."""
+    figures = baselines.load()
+    own = stack.name.removesuffix(LOCAL_SUFFIX)
+    replaced = stack.replaces.removesuffix(LOCAL_SUFFIX) if stack.replaces else None
+    return {mode.name: {"own": _figure(baselines.pinned(figures, own, mode.name)),
+                        "replaced": _figure(baselines.pinned(figures, replaced, mode.name))}
+            for mode in stack.serve.modes}
 
 
 def stack_json(stack: Stack, patches: list[RenderedPatch]) -> dict:
-    pinned = pinned_figures(stack)
+    references = mode_references(stack)
     return {
-        "schema": 1,
+        "schema": 2,
         "stack": stack.name,
+        "replaces": stack.replaces,
         "cuda": stack.cuda,
+        "driver": compat.minimum_driver(stack.cuda),
         "python": stack.python,
         "target_arch": list(stack.target_arch),
         "venv": VENV,
@@ -110,9 +126,9 @@ def stack_json(stack: Stack, patches: list[RenderedPatch]) -> dict:
             "env": dict(stack.serve.env),
             "cache_dir": stack.serve.cache_dir,
             "modes": {
-                mode.name: {"args": dict(mode.args), "env": dict(mode.env),
+                mode.name: {"args": dict(mode.args), "env": dict(mode.env), "reasons": dict(mode.reasons),
                             "requires_draft_model": mode.requires_draft_model,
-                            "reference_tok_s": pinned.get(mode.name)}
+                            "reference": references[mode.name]}
                 for mode in stack.serve.modes
             },
         },

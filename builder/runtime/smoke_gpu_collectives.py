@@ -73,8 +73,7 @@ def _nccl(rank: int, world: int, offset: float) -> dict:
     torch.cuda.synchronize()
     expected = world * (world + 1) / 2 + offset
     low, high = tensor.min().item(), tensor.max().item()
-    ok = low == expected and high == expected
-    return {"ok": ok, "detail": f"expected {expected:g}" + ("" if ok else f", rank {rank} got [{low}, {high}]")}
+    return {"ok": low == expected and high == expected, "detail": f"expected {expected:g}, got [{low:g}, {high:g}]"}
 
 
 def _fusion(rank: int, world: int, offset: float) -> dict:
@@ -158,7 +157,7 @@ def _rank(rank: int, world: int, check: str, offset: float, init_file: str, out_
     try:
         outcome = CHECKS[check](rank, world, offset)
     except Exception as error:
-        outcome = {"ok": False, "detail": f"rank {rank}: {_last_line(error)}"}
+        outcome = {"ok": False, "detail": _last_line(error)}
     finally:
         dist.destroy_process_group()
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w", encoding="utf-8") as handle:
@@ -181,6 +180,6 @@ def run(check: str, devices: int, offset: float) -> dict:
     skips = [o["skip"] for o in outcomes if "skip" in o]
     if skips:
         return {"status": "skip", "detail": f"{title}: {skips[0]}"}
-    wrong = [o["detail"] for o in outcomes if not o["ok"]]
+    wrong = [f"rank {rank}: {o['detail']}" for rank, o in enumerate(outcomes) if not o["ok"]]
     shown = "; ".join(wrong) if wrong else outcomes[0]["detail"]
     return {"status": "fail" if wrong else "pass", "detail": f"{title}: {shown}"}

@@ -54,6 +54,14 @@ echo "== smoke checks, real expectations =="
 "$python" "$repo/builder/runtime/smoke.py" --stack "$work/stack.json"
 real=$?
 
+echo "== the gpu rows' full details, real expectations =="
+"$python" "$repo/builder/runtime/smoke.py" --stack "$work/stack.json" --only gpu --json > "$work/real.json"
+"$python" - "$work/real.json" <<'PY'
+import json, sys
+for row in json.load(open(sys.argv[1]))["results"]:
+    print(f"{row['check']}: {row['status'].upper()}: {row['detail']}")
+PY
+
 echo "== gpu checks with a planted wrong expectation (offset 1): must fail =="
 "$python" "$repo/builder/runtime/smoke.py" --stack "$work/stack.json" --only gpu \
     --gpu-expect-offset 1 --json > "$work/planted.json"
@@ -61,7 +69,7 @@ echo "== gpu checks with a planted wrong expectation (offset 1): must fail =="
 import json, sys
 rows = {row["check"]: row for row in json.load(open(sys.argv[1]))["results"]}
 for name, row in sorted(rows.items()):
-    print(f"{name:24} {row['status'].upper():5} {row['detail'][:400]}")
+    print(f"{name:24} {row['status'].upper():5} {row['detail']}")
 ran = [row for name, row in rows.items()
        if name not in ("gpu.capability", "gpu.driver") and row["status"] != "skip"]
 caught = ran and all(row["status"] == "fail" for row in ran)
