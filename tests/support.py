@@ -18,6 +18,16 @@ IMAGE = "sha256:" + "1" * 64
 OTHER_IMAGE = "sha256:" + "2" * 64
 
 
+def clone_checkout(destination: Path) -> Path:
+    """A clone of the repository as a new user gets it, carrying this checkout's uncommitted changes
+    to tracked files (staged in the clone), so tests see the code under test before it is committed."""
+    subprocess.run(["git", "clone", "--quiet", "--no-hardlinks", str(REPO), str(destination)], check=True)
+    diff = subprocess.run(["git", "-C", str(REPO), "diff", "HEAD", "--binary"], capture_output=True, check=True).stdout
+    if diff:
+        subprocess.run(["git", "-C", str(destination), "apply", "--index", "--allow-empty"], input=diff, check=True)
+    return destination
+
+
 def link_project_files(directory: Path) -> None:
     """Make `directory` a project beside a matrix written there: the repository's patch series,
     templates and reference figures (a matrix's patches, templates and figures are found beside it)."""

@@ -111,23 +111,69 @@ def test_warm_up_is_not_measured():
     assert len({tuple(ids) for ids in calls}) == 5  # no prompt repeats: no radix-cache hits
 
 
+RENDERED_CU130 = harness.REPO / "images" / "sglang-0.5.9-cu130" / "stack.json"
+
+
+def decode_results(tok_s: float, repetitions: int = 2) -> list:
+    """Requests whose 64 decode tokens came at `tok_s`."""
+    return [bench.RequestResult(0.05, 0.05 + 64 / tok_s, 65, (1 / tok_s,), None)] * repetitions
+
+
+def judged(stack: dict, mode: str, tok_s: float, given: float | None = None) -> dict:
+    return bench.build_report(
+        stack=stack, mode=mode, url="http://h:30000",
+        workload=bench.Workload(input_len=128, output_len=65, warmup=1, repetitions=2),
+        results=decode_results(tok_s), reference=bench.choose_reference(stack, mode, given),
+        tolerance=stack["bench"]["regression_tolerance"], model="/models/M", gpus=("RTX",) * 8,
+    )  # fmt: skip
+
+
+def test_cuda13_baseline_is_judged_against_the_stack_it_replaced():
+    """No figure is recorded for CUDA 13 baseline with flashinfer: the rendered image judges it against
+    the CUDA 12.8 row's 89.5, as the deployment caught triton's 83.9 (a 6% regression)."""
+    stack = stackinfo.load(str(RENDERED_CU130))
+    caught = judged(stack, "baseline", 83.9)
+    assert caught["verdict"] == "regression" and bench.exit_code(caught) == 1
+    assert caught["reference_tok_s"] == 89.5 and caught["ratio"] == pytest.approx(0.9374, abs=1e-4)
+    assert caught["reference"]["why"] == (
+        "no figure is pinned for sglang-0.5.9-cu130 baseline: no regression against sglang-0.5.9-cu128, "
+        "the stack it replaced (sglang-0.5.9-cu128 baseline)")
+    figure = caught["reference"]["figure"]
+    assert (figure["stack"], figure["mode"], figure["attention_backend"], figure["source"]) == (
+        "sglang-0.5.9-cu128", "baseline", "likely flashinfer", "deployment notes")
+    assert bench.summary_line(caught) == (
+        "bench baseline: 83.90 tok/s (median of 2), reference 89.50, -6.3% (tolerance 3%): REGRESSION")
+    passing = judged(stack, "baseline", 88.0)
+    assert passing["verdict"] == "pass" and bench.exit_code(passing) == 0
+    assert passing["reference"] == caught["reference"]
+
+
+def test_a_rows_own_pinned_figure_comes_before_the_replaced_rows():
+    stack = stackinfo.load(str(RENDERED_CU130))
+    report = judged(stack, "eagle3", 95.0)
+    assert report["reference_tok_s"] == 96.1 and report["verdict"] == "pass"
+    assert report["reference"]["why"] == "sglang-0.5.9-cu130's own pinned figure for eagle3"
+    assert judged(stack, "eagle3", 54.1)["verdict"] == "regression"  # 54.1 was the old stack's EAGLE-3
+
+
+def test_a_figure_on_the_command_line_wins_and_no_figure_is_unpinned():
+    stack = stackinfo.load(str(RENDERED_CU130))
+    given = judged(stack, "baseline", 83.9, given=80.0)
+    assert given["reference"]["why"] == "given on the command line (--reference)" and given["verdict"] == "faster"
+    unpinned = judged(stack, "baseline-fusion", 83.9)
+    assert unpinned["verdict"] == "unpinned" and unpinned["reference_tok_s"] is None
+    assert bench.summary_line(unpinned) == (
+        "bench baseline-fusion: 83.90 tok/s (median of 2), nothing to judge against: no figure is pinned for "
+        "sglang-0.5.9-cu130 baseline-fusion nor for sglang-0.5.9-cu128, the stack it replaced")
+
+
 def test_report_carries_the_comparison_and_regression_exits_1():
     stack = stackinfo.load(str(harness.FIXTURE))
-    workload = bench.Workload(input_len=128, output_len=65, warmup=1, repetitions=2)
-    # 64 decode tokens in 64 / 83.9 s: triton's figure against flashinfer's pinned 89.5
-    results = [bench.RequestResult(0.05, 0.05 + 64 / 83.9, 65, (1 / 83.9,), None)] * 2
-    report = bench.build_report(
-        stack=stack, mode="baseline", url="http://h:30000", workload=workload, results=results,
-        reference=89.5, tolerance=0.03, model="/models/M", gpus=("RTX",) * 8,
-    )  # fmt: skip
+    report = judged(stack, "baseline", 83.9)
     assert report["tok_s"] == pytest.approx(83.9)
-    assert report["ratio"] == pytest.approx(0.9374, abs=1e-4)
     assert report["verdict"] == "regression"
     assert report["stack"] == "sglang-0.5.9-cu130" and report["mode"] == "baseline"
     assert report["reference_tok_s"] == 89.5 and report["ttft_ms"] == pytest.approx(50.0)
     assert bench.exit_code(report) == 1
-    assert bench.summary_line(report) == (
-        "bench baseline: 83.90 tok/s (median of 2), reference 89.50, -6.3% (tolerance 3%): REGRESSION"
-    )
     passing = dict(report, verdict="pass")
     assert bench.exit_code(passing) == 0

@@ -13,21 +13,14 @@ import pytest
 from builder.image import context, tags
 from builder.errors import UserError
 from builder.config.matrix import load_matrix
+from support import REPO, clone_checkout
 
-REPO = Path(__file__).resolve().parent.parent
 STACK = load_matrix(REPO / "matrix.toml").stack("sglang-0.5.9-cu128-local")
 BASE = "sha256:" + "b" * 64
 
 
 def clone(tmp_path: Path, name: str = "clone") -> Path:
-    """A clone of the committed tree, as a new user gets it, with the working tree's uncommitted
-    edits to tracked files carried over (so the tests see the code under test)."""
-    root = tmp_path / name
-    subprocess.run(["git", "clone", "--quiet", "--no-hardlinks", str(REPO), str(root)], check=True)
-    diff = subprocess.run(["git", "-C", str(REPO), "diff", "HEAD", "--binary"], capture_output=True, check=True).stdout
-    if diff:
-        subprocess.run(["git", "-C", str(root), "apply", "--allow-empty"], input=diff, check=True)
-    return root
+    return clone_checkout(tmp_path / name)
 
 
 def inputs(root: Path) -> context.BuildInputs:

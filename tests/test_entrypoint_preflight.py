@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
+import sys
 
 import pytest
 
-from builder.runtime import preflight, serve_launch, stackinfo
+from builder.runtime import driver, preflight, serve_launch, stackinfo
 from builder.runtime.serve_errors import PreflightError
 from standin_sglang import harness
 
@@ -154,8 +156,9 @@ def test_every_problem_is_reported_in_one_run(tmp_path):
             ),  # fmt: skip
             "python",
         )
-        run = smi({"--query-gpu": (0, gpu_lines(2)), "--query-compute-apps": (0, "4242, python3, 81920 MiB\n")})
-        report = preflight.run_preflight(plan, {}, run)
+        run = smi({"--query-gpu=driver": (0, "590.48.01\n590.48.01\n"), "--query-gpu": (0, gpu_lines(2)),
+                   "--query-compute-apps": (0, "4242, python3, 81920 MiB\n")})
+        report = preflight.run_preflight(plan, {}, stack["driver"], run)
     assert report.problems == (
         "tensor parallel needs 8 GPUs but 2 are visible (nvidia-smi: 2); pass --gpus all, or lower --tp",
         "model path /models/absent does not exist; mount it into the container (-v)",
@@ -198,3 +201,70 @@ def test_gpu_holders_are_reported_and_repeated_when_the_start_fails(tmp_path):
         "pid 4343 (python3, 81920 MiB)"
     ) in result.stderr
     assert "entrypoint: note: GPU memory was held by pid 4242 (python3, 81920 MiB)" in result.stderr
+
+
+# ---- the driver against the stack CUDA's minimum ---------------------------------------------
+
+CU130 = {"cuda": "13.0.1", "minimum": "580.82.07", "source": "NVIDIA CUDA Toolkit release notes"}
+PROC_VERSION = ("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  575.57.08  Release Build  "
+                "(dvs-builder@U16-I3-B03-4-3)  Wed May 21 23:08:37 UTC 2025\nGCC version:  gcc version 12.2.0\n")
+
+
+def test_driver_version_from_nvidia_smi_then_the_kernel_module(tmp_path):
+    proc = tmp_path / "version"
+    proc.write_text(PROC_VERSION)
+    assert driver.installed_version(smi({"--query-gpu=driver": (0, "590.48.01\n" * 8)}), str(proc)) == "590.48.01"
+    assert driver.installed_version(smi(None), str(proc)) == "575.57.08"
+    assert driver.installed_version(smi({"--query-gpu=driver": (9, DRIVER_DOWN)}), str(proc)) == "575.57.08"
+    assert driver.installed_version(smi(None), str(tmp_path / "absent")) is None
+
+
+@pytest.mark.parametrize(("installed", "refused"), [
+    ("575.57.08", True), ("580.65.06", True), ("580.82.07", False), ("580.159.04", False), ("590.48.01", False),
+])
+def test_a_driver_older_than_the_minimum_is_refused_naming_both(installed, refused):
+    problem = driver.too_old(installed, CU130)
+    assert (problem is not None) == refused
+    if refused:
+        assert problem == (f"NVIDIA driver {installed} is older than 580.82.07, the minimum for CUDA 13.0.1 "
+                           "(NVIDIA CUDA Toolkit release notes); upgrade the host's driver")
+
+
+def test_preflight_refuses_an_old_driver_and_warns_when_it_cannot_tell(tmp_path):
+    stack = stackinfo.load(str(harness.FIXTURE))
+    plan = serve_launch.build_plan(stack, serve_launch.ServeOptions(
+        mode="baseline", model=harness.make_model(tmp_path), host="127.0.0.1", port=harness.free_port(),
+        cache_dir=str(tmp_path / "cache")), "python")
+    old = smi({"--query-gpu=driver": (0, "575.57.08\n" * 8), "--query-gpu": (0, gpu_lines(8)),
+               "--query-compute-apps": (0, "")})
+    report = preflight.run_preflight(plan, {}, stack["driver"], old)
+    assert report.problems == (
+        "NVIDIA driver 575.57.08 is older than 580.82.07, the minimum for CUDA 13.0.1 (NVIDIA CUDA Toolkit "
+        "release notes: CUDA 13.0 Update 1 needs >=580.82.07); upgrade the host's driver",)
+    silent = smi({"--query-gpu=driver": (0, "[N/A]\n"), "--query-gpu": (0, gpu_lines(8)),
+                  "--query-compute-apps": (0, "")})
+    report = preflight.run_preflight(plan, {}, stack["driver"], silent, proc_version=str(tmp_path / "absent"))
+    assert report.problems == ()
+    assert "the NVIDIA driver's version is unknown; not checked against 580.82.07" in report.warnings[0]
+
+
+@pytest.mark.parametrize("command", ["serve", "bench"])
+def test_serve_and_bench_exit_3_on_an_old_driver_and_start_nothing(tmp_path, command):
+    env = harness.standin_env(driver_version="575.57.08")
+    result = harness.run_entrypoint([command, *harness.launch_args(tmp_path, harness.free_port())], env)
+    assert result.returncode == 3
+    assert ("entrypoint: error: NVIDIA driver 575.57.08 is older than 580.82.07, the minimum for CUDA 13.0.1"
+            in result.stderr)
+    assert "starting:" not in result.stderr
+
+
+def test_gpu_smoke_exits_3_on_an_old_driver(tmp_path):
+    env = harness.standin_env(driver_version="575.57.08")
+    result = subprocess.run([sys.executable, str(harness.REPO / "builder/runtime/smoke.py"), "--only", "gpu",
+                             "--stack", str(harness.FIXTURE), "--json"],
+                            capture_output=True, text=True, env=env, check=False, timeout=120)
+    assert result.returncode == 3, result.stderr
+    rows = {row["check"]: row for row in json.loads(result.stdout)["results"]}
+    assert rows["gpu.driver"]["status"] == "fail"
+    assert rows["gpu.driver"]["detail"].startswith("NVIDIA driver 575.57.08 is older than 580.82.07")
+    assert {row["status"] for name, row in rows.items() if name != "gpu.driver"} == {"skip"}

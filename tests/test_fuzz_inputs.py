@@ -293,7 +293,7 @@ class Started(Exception):
     """Where the entrypoint would start work: the server process, or the first request to a server."""
 
 
-def eight_gpus(plan, environ):
+def eight_gpus(plan, environ, driver_requirement):
     """Pre-flight on a ready host (its own checks have their own tests): the launch goes on."""
     return preflight.PreflightReport(("GPU",) * 8, (), (), ())
 

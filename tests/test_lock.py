@@ -141,7 +141,7 @@ def test_entry_records_base_epoch_hashes_overrides_and_references(path):
     assert entry["distributions"]["flashinfer-python"]["group"] == "kernels"
     assert {o["package"]: o["version"] for o in entry["overrides"]} == {"flashinfer-python": "0.6.4",
                                                                          "flashinfer-cubin": "0.6.4"}
-    assert [(f["mode"], f["tok_s"]) for f in entry["bench"]["reference"]] == [("eagle3", 54.1)]
+    assert [(f["mode"], f["tok_s"]) for f in entry["bench"]["reference"]] == [("baseline", 89.5), ("eagle3", 54.1)]
     assert entry["bench"]["reference"][0]["hardware"]["gpus"] == 8
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -14,7 +13,7 @@ import pytest
 from builder.image import context
 from builder.publish import lock, lock_check
 from builder.config.matrix import load_matrix
-from support import REPO, run_builder
+from support import clone_checkout, run_builder
 
 BASE = "sha256:" + "b" * 64
 IMAGE = "sha256:" + "1" * 64
@@ -23,8 +22,7 @@ IMAGE = "sha256:" + "1" * 64
 @pytest.fixture
 def project(tmp_path, monkeypatch):
     """A clone whose lock records an image of the cu128-local row built from exactly its current inputs."""
-    root = tmp_path / "clone"
-    subprocess.run(["git", "clone", "--quiet", str(REPO), str(root)], check=True)
+    root = clone_checkout(tmp_path / "clone")
     monkeypatch.delenv("BUILDER_LOCK", raising=False)
     matrix = load_matrix(root / "matrix.toml")
     stack = matrix.stack("sglang-0.5.9-cu128-local")
@@ -54,11 +52,11 @@ def test_a_current_record_passes_and_rows_without_images_are_notes(project):
 
 def test_a_changed_patch_is_named(project):
     root, matrix, stack = project
-    patch = root / "patches/sglang/0.5.9/0003-allreduce-fusion-apply-sm120.patch"
+    patch = root / "patches/sglang/0.5.9/0002-allreduce-fusion-apply-sm120.patch"
     patch.write_text("one more header line\n" + patch.read_text())
     assert problems(root, matrix) == [
         f"{stack.name}: recorded image {IMAGE} was built from other inputs than the tree has now "
-        "(changed: patches/sglang/0.5.9/0003-allreduce-fusion-apply-sm120.patch); rebuild it and commit matrix.lock"]
+        "(changed: patches/sglang/0.5.9/0002-allreduce-fusion-apply-sm120.patch); rebuild it and commit matrix.lock"]
 
 
 def test_a_new_base_digest_or_epoch_is_named(project):

@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 
 from builder.config import reference_figures
-from builder.image import render
 from builder.publish import lock
 from builder.cli.main import main
 from builder.errors import UserError
@@ -79,12 +78,12 @@ def test_pin_promotes_a_smoke_tested_image_with_its_reference_figures(lock_path,
     report.write_text(json.dumps(bench_report(mode="baseline", tok_s=90.2, stack=stack.name)))
     status, out, err = run(capsys, "pin", stack.name, "--bench", str(report))
     assert (status, err) == (0, "")
-    assert out == (f"sglang-0.5.9-cu130: pinned image {IMAGE} (3 reference figure(s); "
+    assert out == (f"sglang-0.5.9-cu130: pinned image {IMAGE} (2 reference figure(s); "
                    "measured: baseline 90.2 tok/s)\n")
     entry = lock.entry(stack, lock_path)
     assert entry["status"] == "pinned"
-    assert [(f["mode"], f.get("attention_backend"), f["tok_s"], f["baseline"]) for f in entry["bench"]["reference"]] == [
-        ("baseline", "flashinfer", 89.5, True), ("baseline", "triton", 83.9, False), ("eagle3", None, 96.1, True)]
+    assert [(f["mode"], f["attention_backend"], f["tok_s"], f["pinned"]) for f in entry["bench"]["reference"]] == [
+        ("baseline", "triton", 83.9, False), ("eagle3", "flashinfer", 96.1, True)]
     assert all(f["hardware"]["description"] == "8x NVIDIA RTX PRO 6000 Blackwell, PCIe Gen5, no NVLink"
                for f in entry["bench"]["reference"])
 
@@ -93,42 +92,46 @@ def test_pin_promotes_a_smoke_tested_image_with_its_reference_figures(lock_path,
 
 
 def test_reference_figures_are_the_deployments():
+    """Each figure on the row the deployment's notes put it on, with the backend as they give it."""
     figures = reference_figures.load(MATRIX.project.reference_figures, stacks=MATRIX.all_rows())
-    flat = {(stack, f["mode"], f.get("attention_backend")): f["tok_s"] for stack, fs in figures.items() for f in fs}
+    flat = {(stack, f["mode"], f["attention_backend"], f["pinned"]): f["tok_s"] for stack, fs in figures.items() for f in fs}
     assert flat == {
-        ("sglang-0.5.9-cu130", "baseline", "flashinfer"): 89.5,
-        ("sglang-0.5.9-cu130", "baseline", "triton"): 83.9,
-        ("sglang-0.5.9-cu130", "eagle3", None): 96.1,
-        ("sglang-0.5.9-cu128", "eagle3", None): 54.1,
+        ("sglang-0.5.9-cu128", "baseline", "likely flashinfer", True): 89.5,
+        ("sglang-0.5.9-cu128", "eagle3", "not recorded", True): 54.1,
+        ("sglang-0.5.9-cu130", "baseline", "triton", False): 83.9,
+        ("sglang-0.5.9-cu130", "eagle3", "flashinfer", True): 96.1,
     }
+    for figure in (f for fs in figures.values() for f in fs):
+        assert figure["source"] == "deployment notes"
+        assert figure["model"].startswith("not recorded: Kimi K2.5 INT4 or GLM-5 NVFP4")
 
 
-def test_each_baseline_figure_reaches_its_mode_with_the_backend_it_runs():
-    """The figure marked baseline for a mode is what the image's stack.json pins, and it was measured
-    with the attention backend the mode runs."""
-    figures = reference_figures.load(MATRIX.project.reference_figures, stacks=MATRIX.all_rows())
-    for stack in MATRIX.registry_stacks:
-        pinned = render.pinned_figures(stack, MATRIX.project.reference_figures)
-        for mode in stack.serve.modes:
-            marked = [f for f in figures.get(stack.name, []) if f["mode"] == mode.name and f["baseline"]]
-            assert [f["tok_s"] for f in marked] == ([pinned[mode.name]] if mode.name in pinned else [])
-            if marked:
-                assert marked[0].get("attention_backend") in (None, mode.args.get("attention_backend"))
+def test_a_pinned_figure_was_measured_with_the_backend_its_mode_runs(tmp_path):
+    """83.9 was triton: pinning it to the baseline mode, which runs flashinfer, is refused."""
+    bad = tmp_path / "reference.toml"
+    bad.write_text(REFERENCE_TEXT.replace("pinned = false", "pinned = true", 1))
+    with pytest.raises(UserError) as failure:
+        reference_figures.load(bad, stacks=MATRIX.all_rows())
+    assert str(failure.value) == (f"{bad}: figure 3: pinned, but measured with attention backend triton while "
+                                  "mode baseline runs flashinfer")
 
 
 @pytest.mark.parametrize("old, new, message", [
-    ('stack = "sglang-0.5.9-cu128"', 'stack = "sglang-0.5.8-cu128"', "figure 4: unknown stack row 'sglang-0.5.8-cu128'"),
-    ('mode = "eagle3"\nbaseline = true\ntok_s = 54.1', 'mode = "turbo"\nbaseline = true\ntok_s = 54.1',
-     "figure 4: sglang-0.5.9-cu128 has no serve mode 'turbo'"),
-    ("tok_s = 54.1", 'tok_s = "fast"', "figure 4: `tok_s` missing or not a number"),
-    ("tok_s = 54.1", "tok_s = -1", "figure 4: tok_s must be positive, not -1"),
-    ('attention_backend = "triton"\nbaseline = false', 'attention_backend = "triton"\nbaseline = true',
-     "sglang-0.5.9-cu130 mode baseline needs exactly one figure with baseline = true"),
-    ('hardware = "rtx-pro-6000-blackwell-x8-pcie"\nmodel = "unrecorded (large MoE checkpoint with its EAGLE-3 draft, TP 8)"\n'
-     'note = "EAGLE-3 speculative decoding on the CUDA 12.8',
-     'hardware = "h100"\nmodel = "unrecorded (large MoE checkpoint with its EAGLE-3 draft, TP 8)"\n'
-     'note = "EAGLE-3 speculative decoding on the CUDA 12.8', "figure 4: hardware 'h100' is not described under [hardware]"),
-    ("schema = 1", "schema = 2", "unsupported schema 2 (expected 1)"),
+    ('stack = "sglang-0.5.9-cu128"', 'stack = "sglang-0.5.8-cu128"', "figure 1: unknown stack row 'sglang-0.5.8-cu128'"),
+    ('mode = "eagle3"\nattention_backend = "not recorded"', 'mode = "turbo"\nattention_backend = "not recorded"',
+     "figure 2: sglang-0.5.9-cu128 has no serve mode 'turbo'"),
+    ("tok_s = 54.1", 'tok_s = "fast"', "figure 2: `tok_s` missing or not a number"),
+    ("tok_s = 54.1", "tok_s = -1", "figure 2: tok_s must be positive, not -1"),
+    ('source = "deployment notes"\npinned = true', 'pinned = true', "figure 1: `source` missing or not a string"),
+    ('tok_s = 96.1', 'tok_s = 96.1\nbaseline = true', "figure 4: unknown key(s) baseline"),
+    ('after the switch to --attention-backend flashinfer"',
+     'after the switch to --attention-backend flashinfer"\n[[figure]]\nstack = "sglang-0.5.9-cu130"\nmode = "eagle3"\n'
+     'attention_backend = "flashinfer"\ntok_s = 90.0\nmodel = "m"\nhardware = "rtx-pro-6000-blackwell-x8-pcie"\n'
+     'source = "s"\npinned = true',
+     "sglang-0.5.9-cu130 mode eagle3 has more than one figure with pinned = true"),
+    ('hardware = "rtx-pro-6000-blackwell-x8-pcie"\nsource = "deployment notes"\npinned = false',
+     'hardware = "h100"\nsource = "deployment notes"\npinned = false', "figure 3: hardware 'h100' is not described under [hardware]"),
+    ("schema = 2", "schema = 1", "unsupported schema 1 (expected 2)"),
 ])
 def test_bad_reference_files_are_one_line_errors(tmp_path, old, new, message):
     assert old in REFERENCE_TEXT, old

@@ -288,7 +288,6 @@ def test_repository_series_cover_the_sm120_gaps():
             "sglang/srt/distributed/device_communicators/all_reduce_utils.py",
             "sglang/srt/distributed/device_communicators/torch_symm_mem.py",
         ),
-        ("sglang/srt/server_args.py",),
         ("sglang/srt/layers/communicator.py",),
     ]
     flashinfer = patch_series.series_for("flashinfer-python", "0.6.4", PATCHES)

@@ -142,7 +142,6 @@ def test_patched_files_were_byte_compiled(trees):
     for rel in (
         "sglang/srt/distributed/device_communicators/all_reduce_utils.py",
         "sglang/srt/distributed/device_communicators/torch_symm_mem.py",
-        "sglang/srt/server_args.py",
         "sglang/srt/layers/communicator.py",
         "flashinfer/jit/comm.py",
     ):
@@ -228,7 +227,7 @@ def test_symm_mem_without_a_size_table_warns_instead_of_keyerror(tree, gpu, symm
     assert "Device capability 11 has no size table" in caplog.text
 
 
-# --- 0002-allreduce-fusion-autoenable-sm120.patch ----------------------------------------
+# --- no auto-enable on SM120: fusion is an explicit profile switch ---------------------
 
 # server_args.py imports these only for CLI choices and config helpers never reached here;
 # their own imports are the OpenAI protocol models, transformers and triton kernels.
@@ -273,32 +272,19 @@ KIMI = "KimiK25ForConditionalGeneration"
 @pytest.mark.parametrize(
     ("capability", "patched", "expected"),
     [
-        ((12, 0), False, False),  # the gap: SM120 never auto-enabled
-        ((12, 0), True, True),
-        ((9, 0), True, True),  # SM90 and SM100 unchanged
+        ((12, 0), False, False),
+        ((12, 0), True, False),  # the series leaves server_args.py alone: SM120 never turns it on by itself
+        ((9, 0), True, True),  # SM90 and SM100 as upstream
         ((10, 0), True, True),
         ((8, 0), True, False),
     ],
 )
-def test_fusion_auto_enable_accepts_sm120(tree, gpu, capability, patched, expected):
+def test_fusion_is_never_auto_enabled_on_sm120(tree, gpu, capability, patched, expected):
     gpu(capability)
     assert fusion_after_model_adjustments(tree, patched, KIMI) is expected
 
 
-@pytest.mark.parametrize(
-    ("architecture", "settings"),
-    [
-        ("LlamaForCausalLM", {}),  # not one of the models the fusion is enabled for
-        (KIMI, {"nnodes": 2}),  # single node only
-        (KIMI, {"enable_dp_attention": True}),
-    ],
-)
-def test_fusion_auto_enable_keeps_its_other_conditions_on_sm120(tree, gpu, architecture, settings):
-    gpu((12, 0))
-    assert fusion_after_model_adjustments(tree, True, architecture, **settings) is False
-
-
-# --- 0003-allreduce-fusion-apply-sm120.patch --------------------------------------------
+# --- 0002-allreduce-fusion-apply-sm120.patch --------------------------------------------
 
 
 def load_communicator(tree, patched: bool, enabled: bool = True, dp_attention: bool = False):

@@ -20,7 +20,8 @@ from builder.runtime import apply_patch
 pytestmark = pytest.mark.network
 
 REPO = Path(__file__).resolve().parent.parent
-SERVER_ARGS_HUNK_2 = "sglang/srt/server_args.py: hunk #2 (@@ -1688,7 +1688,7 @@)"
+COMMUNICATOR_HUNK_2 = "sglang/srt/layers/communicator.py: hunk #2 (@@ -92,7 +94,7 @@)"
+CORRUPT = ("         and _is_flashinfer_available\n", "         and _is_flashinfer_ready\n")
 
 
 def copy_series(tmp_path: Path, dist: str, version: str, as_version: str | None = None) -> Path:
@@ -32,7 +33,7 @@ def copy_series(tmp_path: Path, dist: str, version: str, as_version: str | None 
 @pytest.mark.parametrize(
     ("dist", "version", "patched"),
     [
-        ("sglang", "0.5.9", 4),
+        ("sglang", "0.5.9", 3),
         ("flashinfer-python", "0.6.4", 1),
     ],
 )
@@ -91,8 +92,7 @@ def test_cli_check_reports_every_patch():
     assert applied == [
         "0001-trtllm-comm-sm120.patch",
         "0001-torch-symm-mem-sm120.patch",
-        "0002-allreduce-fusion-autoenable-sm120.patch",
-        "0003-allreduce-fusion-apply-sm120.patch",
+        "0002-allreduce-fusion-apply-sm120.patch",
     ]
 
 
@@ -106,34 +106,37 @@ def test_cli_check_of_a_stack_row_checks_its_series():
     assert series == ["sglang 0.5.9", "flashinfer-python 0.6.4"]
 
 
-def test_corrupted_patch_is_refused_naming_the_hunk(tmp_path: Path):
-    root = copy_series(tmp_path, "sglang", "0.5.9")
-    target = root / "sglang" / "0.5.9" / "0002-allreduce-fusion-autoenable-sm120.patch"
+def corrupted_series(tmp_path: Path, as_version: str | None = None) -> Path:
+    """The series with one context line of the communicator patch's hunk 2 changed."""
+    root = copy_series(tmp_path, "sglang", "0.5.9", as_version)
+    target = root / "sglang" / (as_version or "0.5.9") / "0002-allreduce-fusion-apply-sm120.patch"
     text = target.read_text()
-    target.write_text(text.replace(' and not is_h20_device\n', ' and not is_h20_gpu\n', 1))
-    check = patch_series.check_series("sglang", "0.5.9", root=root)
+    assert CORRUPT[0] in text
+    target.write_text(text.replace(*CORRUPT, 1))
+    return root
+
+
+def test_corrupted_patch_is_refused_naming_the_hunk(tmp_path: Path):
+    check = patch_series.check_series("sglang", "0.5.9", root=corrupted_series(tmp_path))
     by_name = {r.patch.name: r for r in check.results}
     assert not check.ok
-    assert by_name["0002-allreduce-fusion-autoenable-sm120.patch"].problems == (
-        f"{SERVER_ARGS_HUNK_2} FAILED at line 1688",
-    )
-    assert by_name["0001-torch-symm-mem-sm120.patch"].ok and by_name["0003-allreduce-fusion-apply-sm120.patch"].ok
+    assert by_name["0002-allreduce-fusion-apply-sm120.patch"].problems == (f"{COMMUNICATOR_HUNK_2} FAILED at line 94",)
+    assert by_name["0001-torch-symm-mem-sm120.patch"].ok
 
 
-def test_patch_for_the_wrong_version_is_refused_in_the_image_step(tmp_path: Path):
-    wheel = patch_series.fetch_wheel("sglang", "0.5.10")
-    site = patch_series.unpack(wheel, tmp_path / "site-packages")
-    before = (site / "sglang/srt/server_args.py").read_bytes()
-    patch = patch_series.series_dir("sglang", "0.5.9", REPO / "patches") / "0002-allreduce-fusion-autoenable-sm120.patch"
+def test_patch_that_does_not_fit_is_refused_in_the_image_step(tmp_path: Path):
+    site = patch_series.unpack(patch_series.fetch_wheel("sglang", "0.5.9"), tmp_path / "site-packages")
+    before = (site / "sglang/srt/layers/communicator.py").read_bytes()
+    patch = corrupted_series(tmp_path) / "sglang" / "0.5.9" / "0002-allreduce-fusion-apply-sm120.patch"
     result = subprocess.run(
         [sys.executable, "-I", str(REPO / "builder/runtime/apply_patch.py"), "--site-packages", str(site), str(patch)],
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert result.returncode == 1
     assert result.stderr.strip() == (
-        f"apply_patch: error: patch 0002-allreduce-fusion-autoenable-sm120.patch: {SERVER_ARGS_HUNK_2} FAILED at line 1688"
+        f"apply_patch: error: patch 0002-allreduce-fusion-apply-sm120.patch: {COMMUNICATOR_HUNK_2} FAILED at line 94"
     )
-    assert (site / "sglang/srt/server_args.py").read_bytes() == before
+    assert (site / "sglang/srt/layers/communicator.py").read_bytes() == before
     assert not list(site.rglob("*.rej")) and not list(site.rglob("*.orig"))
 
 
@@ -142,27 +145,32 @@ def test_refresh_to_a_real_newer_release(tmp_path: Path):
     outcomes = {o.name: o for o in patch_series.refresh_series("sglang", "0.5.9", "0.5.10", root=root)}
 
     assert outcomes["0001-torch-symm-mem-sm120.patch"] == patch_series.Refreshed("0001-torch-symm-mem-sm120.patch", True, ())
-    offsets = outcomes["0003-allreduce-fusion-apply-sm120.patch"]
+    offsets = outcomes["0002-allreduce-fusion-apply-sm120.patch"]
     assert offsets.ok and offsets.detail == (
         "sglang/srt/layers/communicator.py: hunk #1 (@@ -65,12 +65,14 @@) offset +4 lines",
         "sglang/srt/layers/communicator.py: hunk #2 (@@ -92,7 +94,7 @@) offset +5 lines",
     )
-    person = outcomes["0002-allreduce-fusion-autoenable-sm120.patch"]
-    assert not person.ok and person.detail == (f"{SERVER_ARGS_HUNK_2} FAILED at line 1688",)
-
     new_dir = root / "sglang" / "0.5.10"
     old_dir = root / "sglang" / "0.5.9"
     assert sorted(p.name for p in new_dir.iterdir()) == [
         "0001-torch-symm-mem-sm120.patch",
-        "0003-allreduce-fusion-apply-sm120.patch",
+        "0002-allreduce-fusion-apply-sm120.patch",
         "series",
     ]
     assert (new_dir / "0001-torch-symm-mem-sm120.patch").read_text() == (old_dir / "0001-torch-symm-mem-sm120.patch").read_text()
-    regenerated = (new_dir / "0003-allreduce-fusion-apply-sm120.patch").read_text()
-    assert regenerated.startswith(patch_series.patch_header(old_dir / "0003-allreduce-fusion-apply-sm120.patch"))
+    regenerated = (new_dir / "0002-allreduce-fusion-apply-sm120.patch").read_text()
+    assert regenerated.startswith(patch_series.patch_header(old_dir / "0002-allreduce-fusion-apply-sm120.patch"))
     assert "@@ -69,12 +69,14 @@" in regenerated and "@@ -97,7 +99,7 @@" in regenerated
 
     # The regenerated patches apply to 0.5.10 with no offset at all.
     site = patch_series.unpack(patch_series.fetch_wheel("sglang", "0.5.10"), tmp_path / "site-packages")
-    for name in ("0001-torch-symm-mem-sm120.patch", "0003-allreduce-fusion-apply-sm120.patch"):
+    for name in ("0001-torch-symm-mem-sm120.patch", "0002-allreduce-fusion-apply-sm120.patch"):
         assert apply_patch.apply(str(site), str(new_dir / name)).offsets == ()
+
+
+def test_refresh_lists_a_patch_that_needs_a_person(tmp_path: Path):
+    root = corrupted_series(tmp_path)
+    outcomes = {o.name: o for o in patch_series.refresh_series("sglang", "0.5.9", "0.5.10", root=root)}
+    person = outcomes["0002-allreduce-fusion-apply-sm120.patch"]
+    assert not person.ok and person.detail[-1].startswith(f"{COMMUNICATOR_HUNK_2} FAILED at line")
+    assert sorted(p.name for p in (root / "sglang" / "0.5.10").iterdir()) == ["0001-torch-symm-mem-sm120.patch", "series"]

@@ -57,7 +57,7 @@ def test_patch_layers_follow_their_package_and_precede_the_tools():
         "COPY builder/runtime/ /opt/builder/runtime/",
     )]
     assert order == sorted(order)
-    assert dockerfile.count('"/opt/builder/apply_patch.py", "--site-packages"') == 4
+    assert dockerfile.count('"/opt/builder/apply_patch.py", "--site-packages"') == 3
 
 
 def test_labels_record_pins_overrides_and_patch_hashes():
@@ -80,14 +80,36 @@ def test_stack_json_carries_serve_profiles():
     import json
 
     info = json.loads(rendered()["images/sglang-0.5.9-cu130/stack.json"])
-    assert info["schema"] == 1 and info["target_arch"] == ["12.0"]
-    assert info["serve"]["modes"]["baseline"]["args"]["attention_backend"] == "flashinfer"
-    # Pinned figures come from bench/reference.toml, the one place they are written.
-    assert info["serve"]["modes"]["baseline"]["reference_tok_s"] == 89.5
-    assert info["serve"]["modes"]["eagle3"]["reference_tok_s"] == 96.1
+    assert info["schema"] == 2 and info["target_arch"] == ["12.0"]
+    assert info["replaces"] == "sglang-0.5.9-cu128"
+    assert info["driver"] == {"cuda": "13.0.1", "minimum": "580.82.07", "source":
+                              "NVIDIA CUDA Toolkit release notes: CUDA 13.0 Update 1 needs >=580.82.07"}
+    modes = info["serve"]["modes"]
+    assert modes["baseline"]["args"]["attention_backend"] == "flashinfer"
+    # Figures come from bench/reference.toml, the one place they are written, with their provenance.
+    # No figure is recorded for CUDA 13 baseline with flashinfer: only the replaced row's 89.5.
+    assert modes["baseline"]["reference"]["own"] is None
+    assert modes["baseline"]["reference"]["replaced"] == {
+        "stack": "sglang-0.5.9-cu128", "mode": "baseline", "tok_s": 89.5, "attention_backend": "likely flashinfer",
+        "model": "not recorded: Kimi K2.5 INT4 or GLM-5 NVFP4 (the notes name both in different places), TP 8",
+        "hardware": "8x NVIDIA RTX PRO 6000 Blackwell, PCIe Gen5, no NVLink", "source": "deployment notes",
+        "note": "the previous stack's baseline, before the CUDA 13 upgrade; the notes call its backend \"likely\" flashinfer"}
+    assert modes["eagle3"]["reference"]["own"]["tok_s"] == 96.1
+    assert modes["eagle3"]["reference"]["replaced"]["tok_s"] == 54.1
+    # The fused paths are switches in the profile, each with its reason.
+    assert modes["baseline"]["args"].get("enable_flashinfer_allreduce_fusion") is None
+    assert modes["eagle3-fusion"]["args"]["enable_flashinfer_allreduce_fusion"] is True
+    assert modes["eagle3-fusion"]["args"]["enable_torch_symm_mem"] is True
+    assert set(modes["baseline-fusion"]["reasons"]) == {
+        "disable_custom_all_reduce", "enable_flashinfer_allreduce_fusion", "enable_torch_symm_mem"}
     previous = json.loads(rendered()["images/sglang-0.5.9-cu128-local/stack.json"])
-    assert previous["serve"]["modes"]["eagle3"]["reference_tok_s"] == 54.1
-    assert previous["serve"]["modes"]["baseline"]["reference_tok_s"] is None
+    assert previous["replaces"] is None and previous["driver"]["minimum"] == "570.124.06"
+    assert previous["serve"]["modes"]["eagle3"]["reference"] == {
+        "own": modes["eagle3"]["reference"]["replaced"], "replaced": None}
+    assert previous["serve"]["modes"]["baseline"]["reference"]["own"]["tok_s"] == 89.5
+    local = json.loads(rendered()["images/sglang-0.5.9-cu130-local/stack.json"])
+    assert local["replaces"] == "sglang-0.5.9-cu128-local"
+    assert local["serve"]["modes"]["baseline"]["reference"] == modes["baseline"]["reference"]
     assert info["distributions"]["torch"] == "2.9.1+cu130"
     assert [p["name"] for p in info["patches"]][0] == "0001-torch-symm-mem-sm120.patch"
 

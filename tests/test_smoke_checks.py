@@ -64,26 +64,20 @@ def site_packages() -> Path:
     return next((VENV / "lib").glob("python3.*/site-packages"))
 
 
+RENDERED = REPO / "images" / "sglang-0.5.9-cu128-local" / "stack.json"
+
+
 def make_stack(tmp_path: Path, **changes) -> Path:
-    info = {
-        "schema": 1, "stack": "host-cu128", "cuda": "12.8.1", "python": "3.11",
-        "target_arch": ["12.0"], "venv": str(VENV),
+    """The rendered cu128 stack's description (every serve profile, explicit switches included), pointed
+    at the test venv's distributions."""
+    info = json.loads(RENDERED.read_text())
+    info.update({
+        "stack": "host-cu128", "python": "3.11", "venv": str(VENV),
         "distributions": {name: installed(name) for name in
                           ("torch", "sgl-kernel", "flashinfer-python", "flashinfer-cubin",
                            "sglang")},
         "patches": [],
-        "serve": {"env": {}, "cache_dir": "/cache", "modes": {
-            "baseline": {"args": {"tp_size": 8, "attention_backend": "flashinfer"}, "env": {},
-                         "requires_draft_model": False, "reference_tok_s": 89.5},
-            "eagle3": {"args": {"tp_size": 8, "speculative_algorithm": "EAGLE3",
-                                "speculative_num_steps": 3, "speculative_eagle_topk": 1,
-                                "speculative_num_draft_tokens": 4,
-                                "enable_flashinfer_allreduce_fusion": True},
-                       "env": {}, "requires_draft_model": True, "reference_tok_s": 96.1}}},
-        "bench": {"input_len": 1024, "output_len": 512, "num_prompts": 8,
-                  "regression_tolerance": 0.05},
-        "overrides": [],
-    }
+    })
     info.update(changes)
     path = tmp_path / "stack.json"
     path.write_text(json.dumps(info))
@@ -116,6 +110,10 @@ def test_real_stack_passes_without_gpu(venv, tmp_path):
     assert "libcuda.so.1" in rows["abi.needed-libs.sgl-kernel"]["detail"]
     assert "--tp-size 8" in rows["entrypoint.baseline"]["detail"]
     assert "--speculative-draft-model-path" in rows["entrypoint.eagle3"]["detail"]
+    # The fused paths are explicit switches, and SGLang's own parser takes them in every profile that sets them.
+    for mode in ("baseline-fusion", "eagle3-fusion"):
+        assert "--enable-flashinfer-allreduce-fusion --enable-torch-symm-mem" in rows[f"entrypoint.{mode}"]["detail"]
+    assert "--enable-flashinfer-allreduce-fusion" not in rows["entrypoint.baseline"]["detail"]
     assert {status(rows, name) for name in rows if name.startswith("gpu.")} == {"skip"}
     assert "no GPU visible" in rows["gpu.matmul"]["detail"]
 
@@ -151,12 +149,16 @@ def test_missing_target_architecture_fails_arch(venv, tmp_path):
 
 
 def test_blackwell_target_in_sgl_kernel_but_not_in_flashinfer_cubin(venv, tmp_path):
-    code, rows = smoke(make_stack(tmp_path, target_arch=["12.0"]), "arch")
+    # Without the matrix's declaration that flashinfer compiles SM120 code at first start:
+    code, rows = smoke(make_stack(tmp_path, target_arch=["12.0"], jit_device_code={}), "arch")
     assert status(rows, "arch.sgl-kernel") == "pass"
     assert "sm_120a" in rows["arch.sgl-kernel"]["detail"]
     # flashinfer-cubin 0.6.4 ships SM100-family kernels only: SM120 needs flashinfer-jit-cache.
     assert status(rows, "arch.flashinfer") == "fail" and code == 1
     assert "no prebuilt device code for sm_120" in rows["arch.flashinfer"]["detail"]
+    # With it (as the rendered stack declares), the same finding is a skip that says why.
+    code, rows = smoke(make_stack(tmp_path, target_arch=["12.0"]), "arch")
+    assert status(rows, "arch.flashinfer") == "skip" and code == 0
 
 
 # A stand-in "sgl-kernel" distribution built here: a real extension linked
@@ -295,8 +297,8 @@ def test_stale_bytecode_fails_patches(venv, tmp_path):
 
 
 def test_entrypoint_flag_sglang_rejects(venv, tmp_path):
-    modes = {"broken": {"args": {"tp_size": 8, "no_such_option": 1}, "env": {},
-                        "requires_draft_model": False, "reference_tok_s": None}}
+    modes = {"broken": {"args": {"tp_size": 8, "no_such_option": 1}, "env": {}, "reasons": {},
+                        "requires_draft_model": False, "reference": {"own": None, "replaced": None}}}
     stack = make_stack(tmp_path, serve={"env": {}, "cache_dir": "/cache", "modes": modes})
     code, rows = smoke(stack, "entrypoint")
     assert code == 1

@@ -63,7 +63,8 @@ def smoke_image(tmp_path_factory, base_image):
     context = tmp_path_factory.mktemp("context")
     shutil.copytree(REPO / "builder" / "runtime", context / "runtime",
                     ignore=shutil.ignore_patterns("__pycache__"))
-    stack = {"schema": 1, "stack": "smoke-engine-test", "cuda": "13.0.1", "python": "3.11",
+    stack = {"schema": 2, "stack": "smoke-engine-test", "cuda": "13.0.1", "python": "3.11", "replaces": None,
+             "driver": {"cuda": "13.0.1", "minimum": "580.82.07", "source": "NVIDIA CUDA Toolkit release notes"},
              "target_arch": ["12.0"], "venv": "/opt/venv", "distributions": {"torch": "2.9.1"},
              "patches": [], "serve": {"env": {}, "cache_dir": "/cache", "modes": {}},
              "bench": {"input_len": 1, "output_len": 1, "num_prompts": 1,

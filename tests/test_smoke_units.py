@@ -99,7 +99,7 @@ def test_unknown_check_name_is_a_usage_error():
 
 def test_runs_as_a_plain_script_path(tmp_path):
     stack = tmp_path / "stack.json"
-    stack.write_text(json.dumps({"schema": 1, "stack": "bare", "patches": [],
+    stack.write_text(json.dumps({"schema": 2, "stack": "bare", "patches": [],
                                  "serve": {"modes": {}}}))
     done = run_smoke("--only", "patches", "entrypoint", "--json", stack=str(stack))
     assert done.returncode == 0, done.stderr

@@ -188,9 +188,40 @@ def declared_requirement(declaring: str, version: str, name: str) -> str:
     return compat_data()["declared"].get(f"{declaring}=={version}", {}).get(name, "")
 
 
+def minimum_driver(cuda: str) -> dict | None:
+    """{"cuda", "minimum", "source"}: the oldest Linux driver the CUDA toolkit release runs on."""
+    entry = compat_data()["cuda_driver"].get(cuda)
+    return {"cuda": cuda, "minimum": entry["linux"], "source": entry["source"]} if entry else None
+
+
+def minimum_driver_known(stack: Stack) -> list[Problem]:
+    if minimum_driver(stack.cuda) is None:
+        return [(("cuda",), f"no minimum NVIDIA driver is recorded for CUDA {stack.cuda}; add it to "
+                            "builder/compat_data.toml [cuda_driver] from NVIDIA's CUDA Toolkit release notes")]
+    return []
+
+
+def switches_have_reasons(stack: Stack) -> list[Problem]:
+    """A serve profile's switch (a flag set to true) says why, and every reason names a setting of its mode."""
+    problems = []
+    for mode in stack.serve.modes:
+        where = ("serve", "modes", mode.name)
+        for name, value in mode.args.items():
+            if value is True and not mode.reasons.get(name, "").strip():
+                problems.append((where + ("args",), f"serve mode {mode.name} switches on {name} without a reason "
+                                                     f"(add reasons.{name})"))
+        for name in mode.reasons:
+            if name not in mode.args:
+                problems.append((where + ("reasons", name), f"serve mode {mode.name} gives a reason for {name}, "
+                                                            "which it does not set"))
+    return problems
+
+
 def check_stack(stack: Stack, patches_root: Path) -> list[Problem]:
     return [
+        *switches_have_reasons(stack),
         *target_arch_valid(stack),
+        *minimum_driver_known(stack),
         *base_matches_cuda(stack),
         *torch_matches_cuda(stack),
         *kernels_match_cuda(stack),

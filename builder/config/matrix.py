@@ -191,6 +191,7 @@ class _Loader:
                 indices.append(index)
         self.fail_if_problems()
         self._check_names(list(zip(indices + indices, registry_rows + local_rows)))
+        self._check_replaces(registry_rows + local_rows)
         for row in registry_rows + local_rows:
             for key_path, message in compat.check_stack(row, self.patches_root):
                 self.problem(self._locate(row, key_path), message, row.name)
@@ -258,7 +259,7 @@ class _Loader:
         serve = data["serve"]
         modes = tuple(
             ServeMode(mode, dict(spec["args"]), dict(spec.get("env", {})),
-                      spec.get("requires_draft_model", False))
+                      spec.get("requires_draft_model", False), dict(spec.get("reasons", {})))
             for mode, spec in serve["modes"].items()
         )
         return Stack(
@@ -280,6 +281,7 @@ class _Loader:
             repository=defaults["repository"],
             source_url=defaults.get("source_url", ""),
             source_line=self.positions.line(("stack", index)) or 1,
+            replaces=data["replaces"] + (LOCAL_SUFFIX if local else "") if data.get("replaces") else None,
         )
 
     def _distinct_pins(self, index: int, axes: tuple, row: str, pins: dict) -> dict:
@@ -352,6 +354,14 @@ class _Loader:
 
     def _locate(self, row: Stack, sub: tuple) -> tuple:
         return self._axis_path(self._stack_index(row), row.axes, sub)
+
+    def _check_replaces(self, rows: list[Stack]) -> None:
+        names = {row.name for row in rows}
+        for row in rows:
+            if row.replaces and (row.replaces not in names or row.replaces == row.name):
+                self.problem(self._locate(row, ("replaces",)),
+                             f"replaces '{row.replaces}', which is not another row of the matrix", row.name)
+        self.fail_if_problems()
 
     def _check_names(self, rows: list[tuple[int, Stack]]) -> None:
         """Row names usable as tags, each once; a bad one points at the axis value that made it."""

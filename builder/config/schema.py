@@ -54,6 +54,7 @@ PACKAGE = Table({
 
 SERVE_MODE = Table({
     "args": Field(AnyTable(_SCALAR + (list,)), required=True),
+    "reasons": Field(AnyTable((str,))),
     "env": Field(AnyTable((str,))),
     "requires_draft_model": Field(bool),
 })
@@ -62,6 +63,7 @@ SERVE_MODE = Table({
 STACK_FIELDS = {
     "name": Field(str, required=True),
     "description": Field(str),
+    "replaces": Field(str),
     "cuda": Field(str, required=True),
     "base": Field(str, required=True),
     "base_source": Field(str),

@@ -82,6 +82,7 @@ class ServeMode:
     args: dict  # ServerArgs names -> values, in matrix order
     env: dict
     requires_draft_model: bool
+    reasons: dict = field(default_factory=dict)  # ServerArgs name -> why the profile sets it
 
 
 @dataclass(frozen=True)
@@ -120,6 +121,8 @@ class Stack:
     repository: str
     source_line: int = field(default=0, compare=False)  # [[stack]] line in matrix.toml
     source_url: str = ""  # the project's public repository, from the matrix (never from the clone)
+    # The row this one replaced (its stack before an upgrade): `bench` falls back to its figures.
+    replaces: str | None = None
 
     def package(self, name: str) -> Package | None:
         wanted = canonicalize_name(name)

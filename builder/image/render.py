@@ -15,7 +15,7 @@ from typing import Callable
 
 import jinja2
 
-from builder.config import reference_figures
+from builder.config import compat, reference_figures
 from builder.config.matrix import LOCAL_SUFFIX
 from builder.config.stack import GROUP_ORDER, Stack
 from builder.errors import UserError
@@ -84,17 +84,33 @@ def is_locked(requirements_text: str) -> bool:
     return not requirements_text.startswith("# UNLOCKED")
 
 
-def pinned_figures(stack: Stack, figures_path: Path) -> dict[str, float]:
-    """Each serve mode's pinned tok/s (bench/reference.toml); a -local row shares its registry row's."""
-    figures = reference_figures.load(figures_path).get(stack.name.removesuffix(LOCAL_SUFFIX), [])
-    return {f["mode"]: f["tok_s"] for f in figures if f["baseline"]}
+def _figure(figure: dict | None) -> dict | None:
+    """A reference figure as stack.json carries it (stackinfo.py)."""
+    if figure is None:
+        return None
+    keys = ("stack", "mode", "tok_s", "attention_backend", "model", "source")
+    return {**{key: figure[key] for key in keys}, "hardware": figure["hardware"]["description"],
+            "note": figure.get("note", "")}
 
 
-def stack_json(stack: Stack, patches: list[RenderedPatch], pinned: dict[str, float]) -> dict:
+def mode_references(stack: Stack, figures_path: Path) -> dict[str, dict]:
+    """Per serve mode: this row's pinned figure and the replaced row's (bench/reference.toml).
+    A -local row shares its registry row's figures, and so does the row it replaces."""
+    figures = reference_figures.load(figures_path)
+    own = stack.name.removesuffix(LOCAL_SUFFIX)
+    replaced = stack.replaces.removesuffix(LOCAL_SUFFIX) if stack.replaces else None
+    return {mode.name: {"own": _figure(reference_figures.pinned(figures, own, mode.name)),
+                        "replaced": _figure(reference_figures.pinned(figures, replaced, mode.name))}
+            for mode in stack.serve.modes}
+
+
+def stack_json(stack: Stack, patches: list[RenderedPatch], references: dict[str, dict]) -> dict:
     return {
-        "schema": 1,
+        "schema": 2,
         "stack": stack.name,
+        "replaces": stack.replaces,
         "cuda": stack.cuda,
+        "driver": compat.minimum_driver(stack.cuda),
         "python": stack.python,
         "target_arch": list(stack.target_arch),
         "venv": VENV,
@@ -108,9 +124,9 @@ def stack_json(stack: Stack, patches: list[RenderedPatch], pinned: dict[str, flo
             "env": dict(stack.serve.env),
             "cache_dir": stack.serve.cache_dir,
             "modes": {
-                mode.name: {"args": dict(mode.args), "env": dict(mode.env),
+                mode.name: {"args": dict(mode.args), "env": dict(mode.env), "reasons": dict(mode.reasons),
                             "requires_draft_model": mode.requires_draft_model,
-                            "reference_tok_s": pinned.get(mode.name)}
+                            "reference": references[mode.name]}
                 for mode in stack.serve.modes
             },
         },
@@ -157,6 +173,7 @@ def _environment(templates: Path) -> jinja2.Environment:
 def render_stack(stack: Stack, project: Project, requirements: RequirementsSource) -> dict[str, str]:
     """Every file of images/<stack>/, relative path -> content."""
     patches = rendered_patches(stack, project.patches)
+    references = mode_references(stack, project.reference_figures)
     texts = requirements(stack) or unlocked_requirements(stack)
     context = stack_dir(stack)
     created = datetime.fromtimestamp(stack.source_date_epoch, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -173,7 +190,7 @@ def render_stack(stack: Stack, project: Project, requirements: RequirementsSourc
         stack_labels=stack_labels(stack, patches),
     )
     files = {f"{context}/Dockerfile": dockerfile,
-             f"{context}/stack.json": json.dumps(stack_json(stack, patches, pinned_figures(stack, project.reference_figures)), indent=2, sort_keys=True) + "\n"}
+             f"{context}/stack.json": json.dumps(stack_json(stack, patches, references), indent=2, sort_keys=True) + "\n"}
     for group in GROUP_ORDER:
         files[f"{context}/requirements/{GROUP_FILES[group]}"] = texts[group]
     return files

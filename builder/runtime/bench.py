@@ -49,13 +49,42 @@ class Workload:
 
 
 @dataclasses.dataclass(frozen=True)
+class Reference:
+    """The figure a run is judged against, and why that one."""
+
+    tok_s: float | None  # None: nothing to judge against
+    why: str
+    figure: dict | None = None  # the reference figure as stack.json carries it, with its provenance
+
+    def to_dict(self) -> dict:
+        return {"tok_s": self.tok_s, "why": self.why, "figure": self.figure}
+
+
+def choose_reference(stack: dict, mode: str, given: float | None = None) -> Reference:
+    """A figure given on the command line; else the row's own pinned figure for the mode; else the
+    figure of the row it replaced ("no regression against the stack it replaced"); else none."""
+    if given is not None:
+        return Reference(given, "given on the command line (--reference)")
+    figures = stack["serve"]["modes"][mode]["reference"]
+    name, replaced = stack["stack"], stack["replaces"]
+    if figures["own"]:
+        return Reference(figures["own"]["tok_s"], f"{name}'s own pinned figure for {mode}", figures["own"])
+    if figures["replaced"]:
+        return Reference(figures["replaced"]["tok_s"],
+                         f"no figure is pinned for {name} {mode}: no regression against {replaced}, "
+                         f"the stack it replaced ({figures['replaced']['stack']} {mode})", figures["replaced"])
+    nor = f" nor for {replaced}, the stack it replaced" if replaced else ""
+    return Reference(None, f"no figure is pinned for {name} {mode}{nor}")
+
+
+@dataclasses.dataclass(frozen=True)
 class BenchPlan:
     """What to measure, what to compare it with, where the report goes."""
 
     stack: dict
     mode: str
     workload: Workload
-    reference: float | None
+    reference: Reference
     tolerance: float
     output: str
 
@@ -240,7 +269,7 @@ def build_report(
     url: str,
     workload: Workload,
     results: list[RequestResult],
-    reference: float | None,
+    reference: Reference,
     tolerance: float,
     model: str | None = None,
     gpus: tuple[str, ...] = (),
@@ -248,7 +277,7 @@ def build_report(
 ) -> dict:
     metrics = summarize(results)
     tok_s = metrics["output_tok_s"]["median"]
-    ratio, outcome = verdict(tok_s, reference, tolerance)
+    ratio, outcome = verdict(tok_s, reference.tok_s, tolerance)
     return {
         "schema": REPORT_SCHEMA,
         "stack": stack["stack"],
@@ -270,7 +299,8 @@ def build_report(
         "server_log_gen_tok_s": spread_stats(server_gen_tok_s or []),
         "tok_s": tok_s,
         "ttft_ms": metrics["ttft_ms"]["median"],
-        "reference_tok_s": reference,
+        "reference_tok_s": reference.tok_s,
+        "reference": reference.to_dict(),
         "ratio": round(ratio, 4) if ratio is not None else None,
         "tolerance": tolerance,
         "verdict": outcome,
@@ -280,7 +310,7 @@ def build_report(
 def summary_line(report: dict) -> str:
     line = f"bench {report['mode']}: {report['tok_s']:.2f} tok/s (median of {report['workload']['repetitions']})"
     if report["verdict"] == "unpinned":
-        return line + ", no pinned reference for this stack and mode"
+        return line + f", nothing to judge against: {report['reference']['why']}"
     change = (report["ratio"] - 1.0) * 100
     return (
         f"{line}, reference {report['reference_tok_s']:.2f}, {change:+.1f}% "
@@ -331,6 +361,7 @@ def benchmark(
         server_gen_tok_s=server_log[first["index"] :] if server_log is not None else None,
     )
     write_report(report, plan.output)
+    say(f"reference: {plan.reference.why}")
     say(summary_line(report))
     say(f"report: {plan.output}")
     return exit_code(report)

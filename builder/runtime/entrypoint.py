@@ -166,7 +166,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench_parser.add_argument("--output-len", type=positive_int, help="generated tokens (stack default)")
     bench_parser.add_argument("--repetitions", type=positive_int, help="measured requests (stack default)")
     bench_parser.add_argument("--warmup", type=non_negative_int, default=DEFAULT_WARMUP)
-    bench_parser.add_argument("--reference", type=tokens_per_second, help="tok/s to compare with (default: pinned figure)")
+    bench_parser.add_argument("--reference", type=tokens_per_second,
+                              help="tok/s to compare with (default: the mode's pinned figure, else the replaced stack's)")
     bench_parser.add_argument("--tolerance", type=float, help="allowed loss, 0.03 = 3%% (stack default)")
     bench_parser.add_argument("--output", help="report path (default: CACHE_DIR/bench/STACK-MODE.json)")
     bench_parser.set_defaults(func=cmd_bench)
@@ -230,8 +231,8 @@ def announce_env(plan: serve_launch.LaunchPlan) -> None:
             say(f"env {name}={plan.env[name]}")
 
 
-def run_preflight(plan: serve_launch.LaunchPlan) -> preflight.PreflightReport:
-    report = preflight.run_preflight(plan, dict(os.environ))
+def run_preflight(plan: serve_launch.LaunchPlan, stack: dict) -> preflight.PreflightReport:
+    report = preflight.run_preflight(plan, dict(os.environ), stack["driver"])
     for warning in report.warnings:
         say(f"warning: {warning}")
     if report.problems:
@@ -272,13 +273,13 @@ def cmd_serve(args: argparse.Namespace, extra: tuple[str, ...]) -> int:
         return EXIT_OK
     limits = timeouts(args)
     announce_env(plan)
-    report = run_preflight(plan)
+    report = run_preflight(plan, stack)
     return supervised(plan, args, report, limits)
 
 
 def bench_plan(args: argparse.Namespace, stack: dict) -> bench.BenchPlan:
-    """The stack's bench settings and pinned figure, overridden by the options given."""
-    profile = serve_launch.mode_profile(stack, args.mode)
+    """The stack's bench settings and reference figure, overridden by the options given."""
+    serve_launch.mode_profile(stack, args.mode)  # an unknown mode is a usage error
     settings = stack["bench"]
     workload = bench.Workload(
         input_len=args.input_len or settings["input_len"],
@@ -298,7 +299,7 @@ def bench_plan(args: argparse.Namespace, stack: dict) -> bench.BenchPlan:
         stack=stack,
         mode=args.mode,
         workload=workload,
-        reference=args.reference if args.reference is not None else profile.get("reference_tok_s"),
+        reference=bench.choose_reference(stack, args.mode, args.reference),
         tolerance=tolerance,
         output=args.output or os.path.join(cache_dir, "bench", f"{stack['stack']}-{args.mode}.json"),
     )
@@ -319,7 +320,7 @@ def cmd_bench(args: argparse.Namespace, extra: tuple[str, ...]) -> int:
     plan = serve_launch.build_plan(stack, serve_options(args, extra), sys.executable)
     limits = timeouts(args)
     announce_env(plan)
-    report = run_preflight(plan)
+    report = run_preflight(plan, stack)
     url = server_url(plan.host, plan.port)
 
     def job_for(supervisor: Supervisor):

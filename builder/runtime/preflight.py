@@ -1,4 +1,4 @@
-"""Checks before the server starts: GPUs, model paths, port, cache directory.
+"""Checks before the server starts: GPUs, driver, model paths, port, cache directory.
 
 A TP-8 load takes minutes before it fails on a missing mount or a busy port;
 these checks fail in a second instead, each with one line saying what to fix.
@@ -10,14 +10,13 @@ from __future__ import annotations
 import dataclasses
 import errno
 import os
-import shutil
 import socket
-import subprocess
 
+from builder.runtime import driver
+from builder.runtime.driver import run_nvidia_smi
 from builder.runtime.serve_errors import PreflightError
 
 PROC_GPUS_DIR = "/proc/driver/nvidia/gpus"
-NVIDIA_SMI_TIMEOUT_S = 30
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,23 +35,6 @@ class GpuProcess:
 
     def describe(self) -> str:
         return f"pid {self.pid} ({self.name}, {self.used_memory})"
-
-
-def run_nvidia_smi(arguments: list[str]) -> subprocess.CompletedProcess | None:
-    """nvidia-smi from PATH; None when it is not installed."""
-    binary = shutil.which("nvidia-smi")
-    if binary is None:
-        return None
-    try:
-        return subprocess.run(
-            [binary, *arguments],
-            capture_output=True,
-            text=True,
-            timeout=NVIDIA_SMI_TIMEOUT_S,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired) as error:
-        return subprocess.CompletedProcess([binary, *arguments], 1, "", str(error))
 
 
 def probe_gpus(run=run_nvidia_smi, proc_dir: str = PROC_GPUS_DIR) -> GpuInventory:
@@ -208,13 +190,31 @@ class PreflightReport:
     problems: tuple[str, ...]  # each one a reason not to start
 
 
-def run_preflight(plan, environ: dict, run=run_nvidia_smi, proc_dir: str = PROC_GPUS_DIR) -> PreflightReport:
-    """Every check, so one run names every problem rather than the first."""
+def check_driver(requirement: dict, inventory: GpuInventory, run, proc_version: str) -> list[str]:
+    """Refuse a driver older than the stack's CUDA needs; a warning when GPUs show but the version does not."""
+    if inventory.names is None:
+        return []  # check_gpus names that problem
+    installed = driver.installed_version(run, proc_version)
+    if installed is None:
+        return [f"the NVIDIA driver's version is unknown; not checked against {requirement['minimum']}, "
+                f"the minimum for CUDA {requirement['cuda']}"]
+    problem = driver.too_old(installed, requirement)
+    if problem:
+        raise PreflightError(problem)
+    return []
+
+
+def run_preflight(plan, environ: dict, driver_requirement: dict, run=run_nvidia_smi,
+                  proc_dir: str = PROC_GPUS_DIR, proc_version: str = driver.PROC_VERSION) -> PreflightReport:
+    """Every check, so one run names every problem rather than the first.
+
+    `driver_requirement` is stack.json's "driver": the minimum for the stack's CUDA."""
     problems: list[str] = []
     warnings: list[str] = []
     inventory = probe_gpus(run, proc_dir)
     checks = [
         lambda: check_gpus(plan.gpus_needed, inventory, environ.get("CUDA_VISIBLE_DEVICES")),
+        lambda: warnings.extend(check_driver(driver_requirement, inventory, run, proc_version)),
         lambda: check_readable(plan.model, "model path"),
         lambda: check_port_free(plan.host, plan.port),
         lambda: warnings.extend(prepare_cache_dir(plan.cache_dir)),

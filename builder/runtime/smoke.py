@@ -6,7 +6,8 @@ Reads the stack description (/opt/builder/stack.json, or --stack / the
 BUILDER_STACK_JSON variable) and runs the named checks: versions, imports,
 abi, arch, patches, entrypoint, gpu. Each row passes, fails or is skipped with
 a reason. Prints a table (or JSON with --json); exit status 1 when any check
-failed, 2 for bad usage or an unreadable stack description.
+failed, 2 for bad usage or an unreadable stack description, 3 when the NVIDIA
+driver is older than the stack's CUDA needs (the gpu.driver row says which).
 
 Standard library only; runs as a script path or imported as builder.runtime.smoke.
 """
@@ -85,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write(smoke_report.to_json(env.stack, results))
     else:
         sys.stdout.write(smoke_report.format_table(env.stack, results))
+    if smoke_gpu.driver_refused(results):
+        return 3
     return 1 if any(result.status == smoke_report.FAIL for result in results) else 0
 
 

@@ -4,9 +4,15 @@ Only where a GPU is visible; otherwise every row is skipped with the reason.
 The computations run in a child interpreter (smoke_gpu_worker.py) so a CUDA
 fault cannot take the report down with it.
 
+- gpu.driver: the NVIDIA driver is at least the minimum for the stack's CUDA
+  (stack.json "driver"); an older one fails this row, skips the rest and makes
+  the smoke program exit 3, as `serve` and `bench` refuse it;
 - gpu.capability: every visible device's compute capability is a stack target;
 - gpu.matmul, gpu.sgl-kernel-op, gpu.flashinfer-op: results agree with torch;
-- gpu.nccl-all-reduce: an all-reduce across all visible GPUs gives the right sum.
+- gpu.nccl-all-reduce: an all-reduce across all visible GPUs gives the right sum;
+- gpu.flashinfer-allreduce-fusion, gpu.torch-symm-mem-all-reduce: with 2 or more
+  GPUs, the fused all-reduce paths SGLang's profile switches turn on agree with
+  the unfused NCCL path (smoke_gpu_collectives.py).
 """
 
 from __future__ import annotations
@@ -15,34 +21,60 @@ import json
 import os
 
 try:
+    from . import driver
     from . import smoke_report as report
     from .smoke_arch import parse_target
     from .smoke_env import Environment, run_python
 except ImportError:  # run as a script from /opt/builder/runtime
+    import driver
     import smoke_report as report
     from smoke_arch import parse_target
     from smoke_env import Environment, run_python
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "smoke_gpu_worker.py")
-COMPUTE_CHECKS = ("matmul", "sgl-kernel-op", "flashinfer-op", "nccl-all-reduce")
-# First use may JIT-compile flashinfer's kernel; the all-reduce starts NCCL.
+COMPUTE_CHECKS = ("matmul", "sgl-kernel-op", "flashinfer-op", "nccl-all-reduce",
+                  "flashinfer-allreduce-fusion", "torch-symm-mem-all-reduce")
+# First use may JIT-compile flashinfer's kernels (the fused all-reduce's too); the all-reduces start NCCL.
 WORKER_TIMEOUT_S = 900
+
+
+DRIVER_CHECK = "gpu.driver"
 
 
 def run(env: Environment) -> list[report.Result]:
     names = ["gpu.capability"] + [f"gpu.{name}" for name in COMPUTE_CHECKS]
+    driver_row = _driver(env.info["driver"])
+    if driver_row.status == report.FAIL:
+        return [driver_row] + [report.skipped(name, "not run: the NVIDIA driver is too old for this stack")
+                               for name in names]
     child = run_python([WORKER, repr(env.gpu_expect_offset)], timeout=WORKER_TIMEOUT_S)
     if not child.ok:
-        return [report.failed(name, f"GPU worker failed: {child.reason()}") for name in names]
+        return [driver_row] + [report.failed(name, f"GPU worker failed: {child.reason()}") for name in names]
     lines = [line for line in child.stdout.splitlines() if line.startswith("{")]
     outcome = json.loads(lines[-1])
     if not outcome["devices"]:
-        return [report.skipped(name, outcome["reason"]) for name in names]
-    results = [_capability(env, outcome)]
+        return [driver_row] + [report.skipped(name, outcome["reason"]) for name in names]
+    results = [driver_row, _capability(env, outcome)]
     for name in COMPUTE_CHECKS:
         row = outcome["checks"][name]
         results.append(report.Result(f"gpu.{name}", row["status"], row["detail"]))
     return results
+
+
+def driver_refused(results: list[report.Result]) -> bool:
+    return any(r.check == DRIVER_CHECK and r.status == report.FAIL for r in results)
+
+
+def _driver(requirement: dict) -> report.Result:
+    installed = driver.installed_version()
+    if installed is None:
+        return report.skipped(DRIVER_CHECK, "no NVIDIA driver answers (nvidia-smi, "
+                                            f"{driver.PROC_VERSION})")
+    problem = driver.too_old(installed, requirement)
+    if problem:
+        return report.failed(DRIVER_CHECK, problem)
+    return report.passed(DRIVER_CHECK, f"NVIDIA driver {installed}; CUDA {requirement['cuda']} needs "
+                                       f"{requirement['minimum']} or newer ({requirement['source']})")
 
 
 def _capability(env: Environment, outcome: dict) -> report.Result:

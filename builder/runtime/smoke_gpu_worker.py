@@ -6,16 +6,23 @@ Prints one JSON object: {"devices": [[major, minor], ...], "reason": str,
 "checks": {name: {"status", "detail"}}}. Every result is compared with a torch
 (or arithmetic) reference plus OFFSET: 0 in real runs; any other value plants
 a wrong expectation, which every comparison must then report as a failure.
-Standard library and the image's torch only.
+Standard library and the image's torch only; the checks across GPUs are in
+smoke_gpu_collectives.py.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import sys
-import tempfile
 import traceback
+
+try:
+    from . import smoke_gpu_collectives as collectives
+except ImportError:  # run as a script from /opt/builder/runtime
+    import smoke_gpu_collectives as collectives
+
+# Checks across every GPU, each with the fewest GPUs it means anything on.
+COLLECTIVE_CHECKS = {"nccl-all-reduce": 1, "flashinfer-allreduce-fusion": 2, "torch-symm-mem-all-reduce": 2}
 
 
 def _outcome(ok: bool, detail: str) -> dict:
@@ -71,39 +78,6 @@ def check_module_rmsnorm(module_name: str, offset: float) -> dict:
                     offset, atol=3e-2, rtol=2e-2)
 
 
-def _all_reduce_rank(rank: int, world: int, init_file: str, out_dir: str) -> None:
-    import torch
-    import torch.distributed as dist
-    torch.cuda.set_device(rank)
-    dist.init_process_group("nccl", init_method=f"file://{init_file}", rank=rank,
-                            world_size=world)
-    try:
-        tensor = torch.full((1 << 20,), float(rank + 1), device=f"cuda:{rank}")
-        dist.all_reduce(tensor)
-        torch.cuda.synchronize()
-        values = [tensor.min().item(), tensor.max().item()]
-    finally:
-        dist.destroy_process_group()
-    with open(os.path.join(out_dir, f"rank{rank}.json"), "w", encoding="utf-8") as handle:
-        json.dump(values, handle)
-
-
-def check_nccl_all_reduce(devices: int, offset: float) -> dict:
-    import torch.multiprocessing as mp
-    expected = devices * (devices + 1) / 2 + offset
-    with tempfile.TemporaryDirectory() as work:
-        init_file = os.path.join(work, "rendezvous")
-        mp.spawn(_all_reduce_rank, args=(devices, init_file, work), nprocs=devices, join=True)
-        wrong = []
-        for rank in range(devices):
-            with open(os.path.join(work, f"rank{rank}.json"), encoding="utf-8") as handle:
-                low, high = json.load(handle)
-            if low != expected or high != expected:
-                wrong.append(f"rank {rank} got [{low}, {high}]")
-    detail = f"NCCL all-reduce of ranks 1..{devices} over {devices} GPUs, expected {expected:g}"
-    return _outcome(not wrong, detail + (": " + "; ".join(wrong) if wrong else ""))
-
-
 def main(argv: list[str]) -> int:
     offset = float(argv[0]) if argv else 0.0
     report: dict = {"devices": [], "reason": "", "checks": {}}
@@ -124,8 +98,10 @@ def main(argv: list[str]) -> int:
         "matmul": lambda: check_matmul(offset),
         "sgl-kernel-op": lambda: check_module_rmsnorm("sgl_kernel", offset),
         "flashinfer-op": lambda: check_module_rmsnorm("flashinfer", offset),
-        "nccl-all-reduce": lambda: check_nccl_all_reduce(count, offset),
     }
+    for name, fewest in COLLECTIVE_CHECKS.items():
+        steps[name] = (lambda check=name: collectives.run(check, count, offset)) if count >= fewest else (
+            lambda fewest=fewest: {"status": "skip", "detail": f"needs {fewest} or more GPUs, {count} visible"})
     for name, step in steps.items():
         try:
             report["checks"][name] = step()

@@ -3,11 +3,14 @@
 `builder render` writes it from the stack row; the entrypoint and the smoke
 checks read it, so nothing inside the image re-derives what the matrix said.
 
-Schema (version 1), every key always present:
+Schema (version 2), every key always present:
 
-    schema          1
+    schema          2
     stack           row name, e.g. "sglang-0.5.9-cu130"
+    replaces        the row this one replaced ("sglang-0.5.9-cu128"), or null
     cuda            the stack's CUDA version, "13.0.1"
+    driver          {"cuda", "minimum", "source"}: the oldest NVIDIA driver that CUDA runs on
+                    ("580.82.07") and where that figure comes from
     python          interpreter major.minor the image runs, "3.12"
     target_arch     compute capabilities the stack targets, ["12.0"]
     venv            virtual environment holding every pinned distribution, "/opt/venv"
@@ -16,9 +19,13 @@ Schema (version 1), every key always present:
                     path is the patch inside the image, files the site-packages paths it changes
     serve           {"env": {NAME: value}, "cache_dir": "/cache",
                      "modes": {mode: {"args": {server_arg: value}, "env": {...},
+                                       "reasons": {server_arg: why the profile sets it},
                                        "requires_draft_model": bool,
-                                       "reference_tok_s": float | null}}}
-                    args use ServerArgs names (tp_size, attention_backend, ...); true means a bare flag
+                                       "reference": {"own": FIGURE | null, "replaced": FIGURE | null}}}}
+                    args use ServerArgs names (tp_size, attention_backend, ...); true means a bare flag.
+                    "own" is this row's pinned figure for the mode, "replaced" the replaced row's;
+                    FIGURE is {"stack", "mode", "tok_s", "attention_backend", "model", "hardware",
+                    "source", "note"} as bench/reference.toml records it
     bench           {"input_len", "output_len", "num_prompts", "regression_tolerance"}
     overrides       [{"package", "declared_by", "declared", "reason"}]
     jit_device_code {kernel family: reason} for families ("flashinfer") whose code for the target
@@ -31,7 +38,7 @@ import json
 import os
 
 DEFAULT_PATH = "/opt/builder/stack.json"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 def load(path: str | None = None) -> dict:
