@@ -28,6 +28,15 @@ def clone_checkout(destination: Path) -> Path:
     return destination
 
 
+def in_image_tools(directory: Path) -> Path:
+    """builder/runtime copied as the image has it: <root>/builder/runtime, no builder/__init__.py, no
+    byte-code; returns <root>, the directory to put on PYTHONPATH (/opt in the image)."""
+    root = directory / "opt"
+    shutil.copytree(REPO / "builder" / "runtime", root / "builder" / "runtime",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    return root
+
+
 def link_project_files(directory: Path) -> None:
     """Make `directory` a project beside a matrix written there: the repository's patch series,
     templates and reference figures (a matrix's patches, templates and figures are found beside it)."""

@@ -6,8 +6,9 @@ import json
 
 import pytest
 
-from builder.runtime import bench, stackinfo
-from builder.runtime.serve_errors import BenchFailed
+from builder.runtime import stackinfo
+from builder.runtime.serve import bench
+from builder.runtime.serve.errors import BenchFailed
 from standin_sglang import harness
 
 

@@ -66,7 +66,7 @@ def test_a_change_to_a_patch_a_tool_the_base_or_an_executable_bit_gives_a_new_ha
     seen.add(inputs(root).hash)
     (root / "builder/runtime/stackinfo.py").write_text("# changed\n")
     seen.add(inputs(root).hash)
-    (root / "builder/runtime/bench.py").chmod(0o755)
+    (root / "builder/runtime/serve/bench.py").chmod(0o755)
     seen.add(inputs(root).hash)
     seen.add(context.build_inputs(STACK, root, "sha256:" + "c" * 64).hash)
     assert len(seen) == 5

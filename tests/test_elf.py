@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from builder.runtime import elf, smoke_arch
-
+from builder.runtime.binaries import elf
+from builder.runtime.smoke import arch
 LIBSTDCXX = "/lib/x86_64-linux-gnu/libstdc++.so.6"
 LIBC = "/lib/x86_64-linux-gnu/libc.so.6"
 WHEELS = Path(os.environ.get("SMOKE_WHEEL_CACHE", Path.home() / ".cache" / "builder" / "wheels"))
@@ -178,9 +178,9 @@ def test_sgl_kernel_common_ops_carries_sm120a(sgl_kernel_objects):
     assert counts == {name: 74 for name in ("sm_80", "sm_89", "sm_90", "sm_90a", "sm_100a",
                                              "sm_120a")}
     assert any(item.compressed for item in code)  # a few entries are compressed
-    assert smoke_arch.runnable(code, (12, 0)) == ["sm_120a"]
-    assert smoke_arch.runnable(code, (8, 6)) == ["sm_80"]
-    assert smoke_arch.runnable(code, (10, 3)) == []
+    assert arch.runnable(code, (12, 0)) == ["sm_120a"]
+    assert arch.runnable(code, (8, 6)) == ["sm_80"]
+    assert arch.runnable(code, (10, 3)) == []
     assert {"libcudart.so.12", "libtorch.so", "libcuda.so.1"} <= set(needed)
 
 
@@ -213,4 +213,4 @@ def test_fatbin_reader_agrees_with_cuobjdump(sgl_kernel_objects, tmp_path):
     for path in sgl_kernel_objects.values():
         with elf.ElfFile(str(path)) as obj:
             ours = collections.Counter(item.name for item in obj.device_code())
-        assert smoke_arch.cuobjdump_names(tool, str(path)) == ours
+        assert arch.cuobjdump_names(tool, str(path)) == ours

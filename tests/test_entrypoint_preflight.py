@@ -9,8 +9,9 @@ import sys
 
 import pytest
 
-from builder.runtime import driver, preflight, serve_launch, stackinfo
-from builder.runtime.serve_errors import PreflightError
+from builder.runtime import driver, stackinfo
+from builder.runtime.serve import launch, preflight
+from builder.runtime.serve.errors import PreflightError
 from standin_sglang import harness
 
 RTX = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
@@ -148,9 +149,9 @@ def test_every_problem_is_reported_in_one_run(tmp_path):
         holder.bind(("127.0.0.1", 0))
         holder.listen()
         port = holder.getsockname()[1]
-        plan = serve_launch.build_plan(
+        plan = launch.build_plan(
             stack,
-            serve_launch.ServeOptions(
+            launch.ServeOptions(
                 mode="eagle3", model="/models/absent", draft_model=harness.make_model(tmp_path),
                 host="127.0.0.1", port=port, cache_dir=str(tmp_path / "cache"),
             ),  # fmt: skip
@@ -232,7 +233,7 @@ def test_a_driver_older_than_the_minimum_is_refused_naming_both(installed, refus
 
 def test_preflight_refuses_an_old_driver_and_warns_when_it_cannot_tell(tmp_path):
     stack = stackinfo.load(str(harness.FIXTURE))
-    plan = serve_launch.build_plan(stack, serve_launch.ServeOptions(
+    plan = launch.build_plan(stack, launch.ServeOptions(
         mode="baseline", model=harness.make_model(tmp_path), host="127.0.0.1", port=harness.free_port(),
         cache_dir=str(tmp_path / "cache")), "python")
     old = smi({"--query-gpu=driver": (0, "575.57.08\n" * 8), "--query-gpu": (0, gpu_lines(8)),
@@ -260,7 +261,7 @@ def test_serve_and_bench_exit_3_on_an_old_driver_and_start_nothing(tmp_path, com
 
 def test_gpu_smoke_exits_3_on_an_old_driver(tmp_path):
     env = harness.standin_env(driver_version="575.57.08")
-    result = subprocess.run([sys.executable, str(harness.REPO / "builder/runtime/smoke.py"), "--only", "gpu",
+    result = subprocess.run([sys.executable, "-m", "builder.runtime.smoke", "--only", "gpu",
                              "--stack", str(harness.FIXTURE), "--json"],
                             capture_output=True, text=True, env=env, check=False, timeout=120)
     assert result.returncode == 3, result.stderr

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from support import link_project_files
 from builder.cli.main import main as builder_main
-from builder.runtime import entrypoint, preflight, supervise
+from builder.runtime.serve import entrypoint, preflight, supervise
 from standin_sglang import harness
 
 REPO = Path(__file__).resolve().parent.parent

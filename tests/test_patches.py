@@ -23,7 +23,6 @@ from builder.cli import main as cli_main
 from builder.image import patch_series
 from builder.errors import UserError
 from builder.runtime import apply_patch
-
 REPO = Path(__file__).resolve().parent.parent
 PATCHES = REPO / "patches"
 APPLY_PATCH = REPO / "builder" / "runtime" / "apply_patch.py"

@@ -16,7 +16,6 @@ import pytest
 
 from builder.image import patch_series
 from builder.runtime import apply_patch
-
 pytestmark = pytest.mark.network
 
 REPO = Path(__file__).resolve().parent.parent

@@ -14,7 +14,6 @@ from builder.image import render
 from builder.cli.main import main
 from builder.config.matrix import load_matrix
 from builder.runtime import stackinfo
-
 REPO = Path(__file__).resolve().parent.parent
 MATRIX = load_matrix(REPO / "matrix.toml")
 

@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SMOKE = REPO / "builder" / "runtime" / "smoke.py"
 VENV = Path(os.environ.get("SMOKE_TEST_VENV", Path.home() / ".cache" / "builder" / "smoke-venv-cu128"))
 PYTHON = VENV / "bin" / "python"
 WHEELS = Path(os.environ.get("SMOKE_WHEEL_CACHE", Path.home() / ".cache" / "builder" / "wheels"))
@@ -89,7 +88,8 @@ def smoke(stack: Path, *only: str, site: Path | None = None, extra=()) -> tuple[
     env.pop("PYTHONPATH", None)
     if site is not None:
         env["PYTHONPATH"] = str(site)  # planted packages shadow the venv's
-    done = subprocess.run([str(PYTHON), str(SMOKE), "--json", "--only", *only, *extra],
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [env.get("PYTHONPATH"), str(REPO)]))  # builder.runtime
+    done = subprocess.run([str(PYTHON), "-m", "builder.runtime.smoke", "--json", "--only", *only, *extra],
                           capture_output=True, text=True, env=env, timeout=1200)
     report = json.loads(done.stdout)
     return done.returncode, {row["check"]: row for row in report["results"]}

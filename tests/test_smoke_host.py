@@ -12,7 +12,7 @@ import pytest
 from builder.image import smoke_gate
 from builder.cli.main import main
 from builder.errors import BuildFailure, UserError
-from builder.runtime import smoke_report
+from builder.runtime.smoke import report as smoke_report
 from engine_helpers import TEST_BASE_TAG, base_image  # noqa: F401  (the real mmdebstrap base, in the daemon)
 
 REPO = Path(__file__).resolve().parents[1]

@@ -9,32 +9,33 @@ import sys
 from pathlib import Path
 
 
-from builder.runtime import smoke_env, smoke_libs, smoke_patches
-
-SMOKE = Path(__file__).resolve().parents[1] / "builder" / "runtime" / "smoke.py"
+from builder.runtime import apply_patch
+from builder.runtime.binaries import loader as library_loader
+from builder.runtime.smoke import env, patches
+from support import in_image_tools
 
 
 def test_patch_new_side_and_a_removed_line_that_looks_like_a_header():
     text = ("--- a/pkg/mod.py\n+++ b/pkg/mod.py\n@@ -1,3 +1,3 @@\n a = 1\n--- old = 2\n+new = 2\n"
             " c = 3\n--- a/pkg/other.py\n+++ b/pkg/other.py\n@@ -5 +5,2 @@\n x\n+y\n")
-    first, second = smoke_patches.parse_patch(text)
-    assert first.path == "pkg/mod.py" and first.hunks[0].new_side == ["a = 1", "new = 2", "c = 3"]
-    assert second.path == "pkg/other.py" and second.hunks[0].new_side == ["x", "y"]
+    first, second = apply_patch.parse_patch(text, "demo.patch")
+    assert first.path == "pkg/mod.py" and first.hunks[0].new_side == ("a = 1", "new = 2", "c = 3")
+    assert second.path == "pkg/other.py" and second.hunks[0].new_side == ("x", "y")
 
 
 def test_find_block_needs_consecutive_lines():
     lines = ["a", "b", "c", "d"]
-    assert smoke_patches.find_block(lines, ["b", "c"]) == 1
-    assert smoke_patches.find_block(lines, ["b", "d"]) == -1
-    assert smoke_patches.find_block(lines, ["c  "]) == 2  # trailing whitespace ignored
+    assert patches.find_block(lines, ["b", "c"]) == 1
+    assert patches.find_block(lines, ["b", "d"]) == -1
+    assert patches.find_block(lines, ["c  "]) == 2  # trailing whitespace ignored
 
 
 def test_child_reason_prefers_the_loader_message():
-    child = smoke_env.ChildResult(1, "", "Traceback\n- ImportError: libx.so.1: cannot open shared "
+    child = env.ChildResult(1, "", "Traceback\n- ImportError: libx.so.1: cannot open shared "
                                          "object file: No such file\n- ModuleNotFoundError: y\n")
     assert child.reason() == "ImportError: libx.so.1: cannot open shared object file: No such file"
-    assert smoke_env.ChildResult(-11, "", "").reason() == "killed by SIGSEGV"
-    assert smoke_env.ChildResult(None, "", "timed out after 5 s").reason() == "timed out after 5 s"
+    assert env.ChildResult(-11, "", "").reason() == "killed by SIGSEGV"
+    assert env.ChildResult(None, "", "timed out after 5 s").reason() == "timed out after 5 s"
 
 
 def compile_library(directory: Path, name: str, *link: str) -> Path:
@@ -51,34 +52,35 @@ def test_loader_follows_origin_runpath_and_reports_the_missing(tmp_path):
     libs.mkdir()
     compile_library(libs, "leaf")
     top = compile_library(tmp_path, "top", f"-L{libs}", "-lleaf", "-Wl,-rpath,$ORIGIN/pkg.libs")
-    loader = smoke_libs.Loader(ld_library_path="")
+    loader = library_loader.Loader(ld_library_path="")
     loaded, missing = loader.closure(str(top))
     assert loaded["libleaf.so"] == str(libs / "libleaf.so") and missing == []
     assert loaded["libc.so.6"].endswith("/libc.so.6")
     (libs / "libleaf.so").unlink()
-    loaded, missing = smoke_libs.Loader(ld_library_path="").closure(str(top))
+    loaded, missing = library_loader.Loader(ld_library_path="").closure(str(top))
     assert missing == [(str(top), "libleaf.so")]
 
 
 def test_loader_prefers_an_already_loaded_soname(tmp_path):
     compile_library(tmp_path, "leaf")
     top = compile_library(tmp_path, "top", f"-L{tmp_path}", "-lleaf")  # no rpath at all
-    assert smoke_libs.Loader(ld_library_path="").closure(str(top))[1] == [(str(top), "libleaf.so")]
-    loader = smoke_libs.Loader(preloaded={"libleaf.so": str(tmp_path / "libleaf.so")},
+    assert library_loader.Loader(ld_library_path="").closure(str(top))[1] == [(str(top), "libleaf.so")]
+    loader = library_loader.Loader(preloaded={"libleaf.so": str(tmp_path / "libleaf.so")},
                                ld_library_path="")
     assert loader.closure(str(top))[1] == []
 
 
-def run_smoke(*args: str, stack: str | None = None) -> subprocess.CompletedProcess:
-    env = {"PATH": "/usr/bin:/bin"}
+def run_smoke(tmp_path: Path, *args: str, stack: str | None = None) -> subprocess.CompletedProcess:
+    """The smoke program as the image runs it: a module found through PYTHONPATH, nothing else of builder."""
+    environment = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(in_image_tools(tmp_path))}
     if stack:
-        env["BUILDER_STACK_JSON"] = stack
-    return subprocess.run([sys.executable, str(SMOKE), *args], capture_output=True, text=True,
-                          env=env)
+        environment["BUILDER_STACK_JSON"] = stack
+    return subprocess.run([sys.executable, "-m", "builder.runtime.smoke", *args], capture_output=True, text=True,
+                          env=environment, cwd="/")
 
 
 def test_missing_stack_description_is_exit_2_with_one_line(tmp_path):
-    done = run_smoke(stack=str(tmp_path / "absent.json"))
+    done = run_smoke(tmp_path, stack=str(tmp_path / "absent.json"))
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.startswith("smoke: error: cannot read the stack description: ")
     assert "absent.json" in done.stderr and len(done.stderr.splitlines()) == 1
@@ -87,21 +89,21 @@ def test_missing_stack_description_is_exit_2_with_one_line(tmp_path):
 def test_wrong_schema_is_exit_2(tmp_path):
     stack = tmp_path / "stack.json"
     stack.write_text(json.dumps({"schema": 9}))
-    done = run_smoke("--only", "patches", stack=str(stack))
+    done = run_smoke(tmp_path, "--only", "patches", stack=str(stack))
     assert done.returncode == 2
     assert "unsupported stack.json schema 9" in done.stderr
 
 
-def test_unknown_check_name_is_a_usage_error():
-    done = run_smoke("--only", "vibes")
+def test_unknown_check_name_is_a_usage_error(tmp_path):
+    done = run_smoke(tmp_path, "--only", "vibes")
     assert done.returncode == 2 and "invalid choice: 'vibes'" in done.stderr
 
 
-def test_runs_as_a_plain_script_path(tmp_path):
+def test_runs_as_a_module_from_the_image_layout(tmp_path):
     stack = tmp_path / "stack.json"
     stack.write_text(json.dumps({"schema": 2, "stack": "bare", "patches": [],
                                  "serve": {"modes": {}}}))
-    done = run_smoke("--only", "patches", "entrypoint", "--json", stack=str(stack))
+    done = run_smoke(tmp_path, "--only", "patches", "entrypoint", "--json", stack=str(stack))
     assert done.returncode == 0, done.stderr
     rows = json.loads(done.stdout)["results"]
     assert [(row["check"], row["status"]) for row in rows] == [("patches", "skip"),

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from builder.runtime.serve_errors import PreflightError
-from builder.runtime.supervise import Supervisor, Timeouts, health_url
+from builder.runtime.serve.errors import PreflightError
+from builder.runtime.serve.supervise import Supervisor, Timeouts, health_url
 from standin_sglang import harness
 
 

@@ -6,18 +6,18 @@ import io
 import os
 import queue
 
-from builder.runtime import serve_progress
-from builder.runtime.supervise import LogPump, describe_exit, health_url
+from builder.runtime.serve import progress as log_progress
+from builder.runtime.serve.supervise import LogPump, describe_exit, health_url
 
 SHARD = "Loading safetensors checkpoint shards:  75% Completed | 48/64 [00:22<00:07,  2.14it/s]"
 ACCESS = '[2026-01-02 03:04:05] INFO:     127.0.0.1:5678 - "GET /health HTTP/1.1" 503'
 
 
 def test_shard_line_is_parsed():
-    position = serve_progress.parse_shards(SHARD)
-    assert position == serve_progress.ShardPosition("Loading safetensors checkpoint shards", 48, 64, 75)
+    position = log_progress.parse_shards(SHARD)
+    assert position == log_progress.ShardPosition("Loading safetensors checkpoint shards", 48, 64, 75)
     assert position.describe() == "checkpoint shards 48/64 (75%)"
-    assert serve_progress.parse_shards("[2026-01-02 03:04:05 TP0] Load weight begin.") is None
+    assert log_progress.parse_shards("[2026-01-02 03:04:05 TP0] Load weight begin.") is None
 
 
 def test_gen_throughput_is_read_from_decode_lines():
@@ -25,12 +25,12 @@ def test_gen_throughput_is_read_from_decode_lines():
         "[2026-01-02 03:04:05 TP0] Decode batch, #running-req: 1, #token: 300, token usage: 0.00, "
         "cuda graph: True, gen throughput (token/s): 89.50, #queue-req: 0, "
     )
-    assert serve_progress.parse_gen_throughput(line) == 89.5
-    assert serve_progress.parse_gen_throughput(SHARD) is None
+    assert log_progress.parse_gen_throughput(line) == 89.5
+    assert log_progress.parse_gen_throughput(SHARD) is None
 
 
 def test_stuck_bar_is_a_stall_naming_the_shard_count():
-    progress = serve_progress.StartupProgress(started_at=0.0)
+    progress = log_progress.StartupProgress(started_at=0.0)
     progress.feed("[2026-01-02 03:04:05 TP0] Load weight begin.", 1.0)
     progress.feed(SHARD, 22.0)
     progress.feed(SHARD.replace("00:22", "00:52"), 52.0)  # a repaint at the same count
@@ -39,7 +39,7 @@ def test_stuck_bar_is_a_stall_naming_the_shard_count():
 
 
 def test_a_moving_bar_and_other_lines_are_progress_but_our_health_probes_are_not():
-    progress = serve_progress.StartupProgress(started_at=0.0)
+    progress = log_progress.StartupProgress(started_at=0.0)
     progress.feed(SHARD, 10.0)
     progress.feed(SHARD.replace("48/64", "49/64").replace("75%", "77%"), 20.0)
     assert progress.last_progress_at == 20.0
@@ -54,7 +54,7 @@ def test_a_moving_bar_and_other_lines_are_progress_but_our_health_probes_are_not
 
 
 def test_ready_and_traceback_lines_are_recognised_mid_line():
-    progress = serve_progress.StartupProgress(started_at=0.0)
+    progress = log_progress.StartupProgress(started_at=0.0)
     progress.feed("[2026-01-02 03:04:05 TP3] Scheduler hit an exception: Traceback (most recent call last):", 1)
     assert progress.traceback_seen and not progress.ready
     progress.feed("[2026-01-02 03:04:05] The server is fired up and ready to roll!", 2)
@@ -62,7 +62,7 @@ def test_ready_and_traceback_lines_are_recognised_mid_line():
 
 
 def test_where_before_any_output_and_long_lines_are_shortened():
-    progress = serve_progress.StartupProgress(started_at=0.0)
+    progress = log_progress.StartupProgress(started_at=0.0)
     assert progress.where() == "before any output"
     progress.feed("x" * 500, 1.0)
     assert progress.where() == f"after log line {'x' * 157 + '...'!r}"

@@ -239,7 +239,7 @@ def test_as_pid_1_orphans_are_reaped_and_sigterm_is_handled(tmp_path):
     env = harness.standin_env(orphan=1, workers=1)
     command = [
         shutil.which("unshare"), "--pid", "--fork", "--mount-proc",
-        sys.executable, "-m", "builder.runtime.entrypoint",
+        sys.executable, "-m", "builder.runtime.serve.entrypoint",
         "serve", *harness.launch_args(tmp_path, harness.free_port()),
     ]  # fmt: skip
     running = harness.Running([], env, command=command)

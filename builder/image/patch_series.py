@@ -25,9 +25,6 @@ from packaging.version import InvalidVersion, Version
 
 from builder.errors import BuildFailure, UserError
 from builder.runtime import apply_patch
-
-
-
 @dataclass(frozen=True)
 class Patch:
     distribution: str  # canonical name, e.g. "flashinfer-python"

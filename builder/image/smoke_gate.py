@@ -1,12 +1,13 @@
 """Run the in-image smoke checks in a container and collect their report.
 
-The program is builder/runtime/smoke.py, copied into every image at
+The program is the module builder.runtime.smoke, copied into every image at
 /opt/builder/runtime/; here it runs through the Docker SDK, with the GPUs
 passed in when asked (`--gpus all` is a DeviceRequest for every GPU).
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass
 
 import docker
@@ -16,9 +17,10 @@ from docker.types import DeviceRequest
 from builder.engine.daemon import docker_client
 from builder.errors import BuildFailure, UserError
 from builder.paths import TOOLS_DIR, VENV_PYTHON
-from builder.runtime import smoke_report
-
-SMOKE_COMMAND = [VENV_PYTHON, f"{TOOLS_DIR}/runtime/smoke.py", "--json"]
+from builder.runtime.smoke import report as smoke_report
+SMOKE_COMMAND = [VENV_PYTHON, "-m", "builder.runtime.smoke", "--json"]
+# The in-image tools are the package builder.runtime under TOOLS_DIR's parent (/opt).
+SMOKE_ENVIRONMENT = {"PYTHONPATH": os.path.dirname(TOOLS_DIR)}
 
 
 @dataclass(frozen=True)
@@ -64,7 +66,7 @@ def run_in_image(image: str, gpus: str | None = None, only: list[str] | None = N
     command = SMOKE_COMMAND + (["--only", *only] if only else [])
     try:
         client = client or docker_client()
-        container = client.containers.create(image, command=command, entrypoint=[],
+        container = client.containers.create(image, command=command, entrypoint=[], environment=SMOKE_ENVIRONMENT,
                                              device_requests=device_requests(gpus))
     except docker.errors.ImageNotFound:
         raise UserError(f"image {image} not found") from None

@@ -51,6 +51,7 @@ class Hunk:
     number: int  # 1-based within its file, as GNU patch counts
     header: str  # "@@ -58,7 +58,7 @@"
     line: int  # 1-based line of the header in the patch file
+    new_side: tuple[str, ...] = ()  # context and added lines, in order: what the patched file holds
 
 
 @dataclass(frozen=True)
@@ -135,11 +136,15 @@ def parse_patch(text: str, patch_name: str) -> list[FileDiff]:
         if header and diffs:
             current = diffs[-1]
             hunk = Hunk(number=len(current.hunks) + 1, header=header.group(0), line=index + 1)
-            diffs[-1] = FileDiff(current.path, current.line, current.hunks + (hunk,))
             length = _hunk_length(lines, index + 1, header)
             if length is None:
                 problem = _describe(current, hunk, "malformed: its body is shorter than its header says")
                 raise PatchError(patch_name, [problem])
+            body = lines[index + 1:index + 1 + length]
+            # An empty body line is context whose leading space was stripped; "-" and "\" lines are not kept.
+            new_side = tuple(line[1:] for line in body if line[:1] in (" ", "", "+"))
+            hunk = Hunk(hunk.number, hunk.header, hunk.line, new_side)
+            diffs[-1] = FileDiff(current.path, current.line, current.hunks + (hunk,))
             index += 1 + length
             continue
         index += 1

@@ -51,11 +51,11 @@ print("stack.json for this machine:", json.dumps(pins, sort_keys=True))
 PY
 
 echo "== smoke checks, real expectations =="
-"$python" "$repo/builder/runtime/smoke.py" --stack "$work/stack.json"
+PYTHONPATH="$repo" "$python" -m builder.runtime.smoke --stack "$work/stack.json"
 real=$?
 
 echo "== the gpu rows' full details, real expectations =="
-"$python" "$repo/builder/runtime/smoke.py" --stack "$work/stack.json" --only gpu --json > "$work/real.json"
+PYTHONPATH="$repo" "$python" -m builder.runtime.smoke --stack "$work/stack.json" --only gpu --json > "$work/real.json"
 "$python" - "$work/real.json" <<'PY'
 import json, sys
 for row in json.load(open(sys.argv[1]))["results"]:
@@ -63,7 +63,7 @@ for row in json.load(open(sys.argv[1]))["results"]:
 PY
 
 echo "== gpu checks with a planted wrong expectation (offset 1): must fail =="
-"$python" "$repo/builder/runtime/smoke.py" --stack "$work/stack.json" --only gpu \
+PYTHONPATH="$repo" "$python" -m builder.runtime.smoke --stack "$work/stack.json" --only gpu \
     --gpu-expect-offset 1 --json > "$work/planted.json"
 "$python" - "$work/planted.json" <<'PY'
 import json, sys
@@ -85,7 +85,7 @@ info = json.load(open(sys.argv[1]))
 info["driver"]["minimum"] = "999.0"
 json.dump(info, open(sys.argv[2], "w"))
 PY
-"$python" "$repo/builder/runtime/smoke.py" --stack "$work/newer-driver.json" --only gpu
+PYTHONPATH="$repo" "$python" -m builder.runtime.smoke --stack "$work/newer-driver.json" --only gpu
 refused=$?
 
 echo "real run exit status $real (0: no failure); planted run caught: $([ $planted = 0 ] && echo yes || echo no); newer driver minimum: exit $refused (3: refused)"

@@ -21,7 +21,7 @@ from pathlib import Path
 STANDIN = Path(__file__).resolve().parent
 REPO = STANDIN.parents[1]
 FIXTURE = STANDIN / "stack.json"
-ENTRYPOINT = [sys.executable, "-m", "builder.runtime.entrypoint"]
+ENTRYPOINT = [sys.executable, "-m", "builder.runtime.serve.entrypoint"]
 
 
 def free_port() -> int:

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from builder.engine import image_reference
 from builder.image import smoke_gate
-from builder.runtime.smoke import CHECKS
+from builder.runtime.smoke.program import CHECKS
 
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "smoke", help="run the ABI/import/GPU smoke checks inside an image",
-        description="Run /opt/builder/runtime/smoke.py inside IMAGE and report each check.")
+        description="Run the smoke checks (python -m builder.runtime.smoke) inside IMAGE and report each check.")
     parser.add_argument("image", metavar="IMAGE", help="image reference (tag or digest)")
     parser.add_argument("--gpus", metavar="all|N",
                         help="pass GPUs into the container, like docker run --gpus")

@@ -14,10 +14,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 
-try:
-    from . import elf
-except ImportError:  # run as a script from /opt/builder/runtime
-    import elf
+from builder.runtime.binaries import elf
 
 DEFAULT_DIRS = ("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib64", "/usr/lib64",
                 "/lib", "/usr/lib")

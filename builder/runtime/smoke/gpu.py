@@ -1,7 +1,7 @@
 """gpu: on a visible GPU, the device is the target and the kernels compute right.
 
 Only where a GPU is visible; otherwise every row is skipped with the reason.
-The computations run in a child interpreter (smoke_gpu_worker.py) so a CUDA
+The computations run in a child interpreter (gpu_worker.py) so a CUDA
 fault cannot take the report down with it.
 
 - gpu.driver: the NVIDIA driver is at least the minimum for the stack's CUDA
@@ -12,7 +12,7 @@ fault cannot take the report down with it.
 - gpu.nccl-all-reduce: an all-reduce across all visible GPUs gives the right sum;
 - gpu.flashinfer-allreduce-fusion, gpu.torch-symm-mem-all-reduce: with 2 or more
   GPUs, the fused all-reduce paths SGLang's profile switches turn on agree with
-  the unfused NCCL path (smoke_gpu_collectives.py).
+  the unfused NCCL path (gpu_collectives.py).
 """
 
 from __future__ import annotations
@@ -20,18 +20,14 @@ from __future__ import annotations
 import json
 import os
 
-try:
-    from . import driver
-    from . import smoke_report as report
-    from .smoke_arch import parse_target
-    from .smoke_env import Environment, run_python
-except ImportError:  # run as a script from /opt/builder/runtime
-    import driver
-    import smoke_report as report
-    from smoke_arch import parse_target
-    from smoke_env import Environment, run_python
+from builder.runtime import driver
+from builder.runtime.smoke import report
+from builder.runtime.smoke.arch import parse_target
+from builder.runtime.smoke.env import Environment, run_python
 
-WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "smoke_gpu_worker.py")
+WORKER = "builder.runtime.smoke.gpu_worker"
+# The directory holding builder/ (/opt in the image), for the worker's interpreter to import it from.
+TOOLS_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 COMPUTE_CHECKS = ("matmul", "sgl-kernel-op", "flashinfer-op", "nccl-all-reduce",
                   "flashinfer-allreduce-fusion", "torch-symm-mem-all-reduce")
 # First use may JIT-compile flashinfer's kernels (the fused all-reduce's too); the all-reduces start NCCL.
@@ -47,7 +43,9 @@ def run(env: Environment) -> list[report.Result]:
     if driver_row.status == report.FAIL:
         return [driver_row] + [report.skipped(name, "not run: the NVIDIA driver is too old for this stack")
                                for name in names]
-    child = run_python([WORKER, repr(env.gpu_expect_offset)], timeout=WORKER_TIMEOUT_S)
+    environment = dict(os.environ)
+    environment["PYTHONPATH"] = os.pathsep.join(filter(None, [TOOLS_ROOT, environment.get("PYTHONPATH")]))
+    child = run_python(["-m", WORKER, repr(env.gpu_expect_offset)], timeout=WORKER_TIMEOUT_S, env=environment)
     if not child.ok:
         return [driver_row] + [report.failed(name, f"GPU worker failed: {child.reason()}") for name in names]
     lines = [line for line in child.stdout.splitlines() if line.startswith("{")]

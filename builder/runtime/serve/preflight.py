@@ -14,7 +14,7 @@ import socket
 
 from builder.runtime import driver
 from builder.runtime.driver import run_nvidia_smi
-from builder.runtime.serve_errors import PreflightError
+from builder.runtime.serve.errors import PreflightError
 
 PROC_GPUS_DIR = "/proc/driver/nvidia/gpus"
 

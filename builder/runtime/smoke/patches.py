@@ -11,65 +11,13 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import re
 import sys
-from dataclasses import dataclass, field
 
-try:
-    from . import smoke_report as report
-    from .smoke_env import Environment
-except ImportError:  # run as a script from /opt/builder/runtime
-    import smoke_report as report
-    from smoke_env import Environment
+from builder.runtime import apply_patch
+from builder.runtime.smoke import report
+from builder.runtime.smoke.env import Environment
 
 _PYC_HASH_BASED = 0x1
-_HUNK_HEADER = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
-
-
-@dataclass
-class Hunk:
-    header: str
-    new_side: list[str] = field(default_factory=list)
-
-
-@dataclass
-class FileDiff:
-    path: str  # as named on the "+++" line, with its first component ("b/") removed
-    hunks: list[Hunk] = field(default_factory=list)
-
-
-def parse_patch(text: str) -> list[FileDiff]:
-    """The files and hunks of a unified diff (the -p1 form every patch of the series uses).
-
-    A hunk's extent comes from its header's line counts, so a removed line that
-    reads "-- x" is never mistaken for the next file's "--- " header.
-    """
-    files: list[FileDiff] = []
-    hunk: Hunk | None = None
-    old_left = new_left = 0
-    for line in text.splitlines():
-        if hunk is not None and (old_left > 0 or new_left > 0):
-            tag, body = line[:1], line[1:]
-            if tag in (" ", ""):  # context; an empty line is context whose space was stripped
-                hunk.new_side.append(body)
-                old_left, new_left = old_left - 1, new_left - 1
-            elif tag == "+":
-                hunk.new_side.append(body)
-                new_left -= 1
-            elif tag == "-":
-                old_left -= 1
-            continue  # "\\ No newline at end of file" and the like
-        match = _HUNK_HEADER.match(line)
-        if line.startswith("+++ "):
-            name = line[4:].split("\t", 1)[0].strip()
-            files.append(FileDiff(name.split("/", 1)[1] if "/" in name else name))
-            hunk = None
-        elif match and files:
-            hunk = Hunk(line)
-            files[-1].hunks.append(hunk)
-            old_left = int(match.group(2) or 1)
-            new_left = int(match.group(4) or 1)
-    return files
 
 
 def find_block(lines: list[str], block: list[str]) -> int:
@@ -94,12 +42,11 @@ def run(env: Environment) -> list[report.Result]:
 def check_patch(patch: dict) -> report.Result:
     check = f"patches.{patch['package']}/{patch['name']}"
     try:
-        with open(patch["path"], encoding="utf-8") as handle:
-            diffs = parse_patch(handle.read())
+        diffs = apply_patch.read_patch(patch["path"])  # the reader the patch layer applied it with
     except OSError as error:
         return report.failed(check, f"cannot read the patch {patch['path']}: {error.strerror}")
-    if not diffs:
-        return report.failed(check, f"{patch['path']} holds no file diffs")
+    except apply_patch.PatchError as error:
+        return report.failed(check, f"{patch['path']}: {'; '.join(error.problems)}")
     problems, hunks = [], 0
     for diff in diffs:
         target = installed_file(diff.path)
@@ -109,10 +56,10 @@ def check_patch(patch: dict) -> report.Result:
         with open(target, encoding="utf-8") as handle:
             source = handle.read()
         lines = source.splitlines()
-        for number, hunk in enumerate(diff.hunks, 1):
+        for hunk in diff.hunks:
             hunks += 1
-            if find_block(lines, hunk.new_side) < 0:
-                problems.append(f"{diff.path} hunk #{number} ({hunk.header}) is not in {target}")
+            if find_block(lines, list(hunk.new_side)) < 0:
+                problems.append(f"{diff.path} hunk #{hunk.number} ({hunk.header}) is not in {target}")
         if target.endswith(".py"):
             problem = bytecode_problem(target, source)
             if problem:

@@ -12,11 +12,11 @@ the repository:
 
     COPY builder/runtime/ /opt/builder/runtime/
     ENV PYTHONPATH=/opt
-    ENTRYPOINT ["/opt/venv/bin/python", "-m", "builder.runtime.entrypoint"]
+    ENTRYPOINT ["/opt/venv/bin/python", "-m", "builder.runtime.serve.entrypoint"]
 
 The server, the benchmark and the smoke checks run under this same interpreter
 (sys.executable), so the ENTRYPOINT names the stack's virtual environment.
-Exit statuses are listed in serve_errors.py and docs/entrypoint.md.
+Exit statuses are listed in serve/errors.py and docs/entrypoint.md.
 """
 
 from __future__ import annotations
@@ -28,8 +28,9 @@ import signal
 import sys
 import urllib.parse
 
-from builder.runtime import bench, preflight, serve_launch, stackinfo
-from builder.runtime.serve_errors import (
+from builder.runtime import stackinfo
+from builder.runtime.serve import bench, launch, preflight
+from builder.runtime.serve.errors import (
     EXIT_OK,
     EXIT_SIGNAL_BASE,
     EntrypointError,
@@ -38,10 +39,13 @@ from builder.runtime.serve_errors import (
     StartupStalled,
     UsageError,
 )
-from builder.runtime.supervise import Supervisor, Timeouts, health_url, server_url
+from builder.runtime.serve.supervise import Supervisor, Timeouts, health_url, server_url
 
 PROG = "entrypoint"
-SMOKE_PROGRAM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "smoke.py")
+# The smoke program runs as the module builder.runtime.smoke, from the directory holding builder/
+# (/opt in the image): serve/entrypoint.py -> serve -> runtime -> builder -> that directory.
+TOOLS_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+SMOKE_PROGRAM = os.path.join(TOOLS_ROOT, "builder", "runtime", "smoke", "__main__.py")
 DEFAULT_TOLERANCE = 0.03
 DEFAULT_WARMUP = 2
 
@@ -194,8 +198,8 @@ def load_stack() -> dict:
         raise UsageError(f"cannot read the stack description: {error}") from None
 
 
-def serve_options(args: argparse.Namespace, extra: tuple[str, ...]) -> serve_launch.ServeOptions:
-    return serve_launch.ServeOptions(
+def serve_options(args: argparse.Namespace, extra: tuple[str, ...]) -> launch.ServeOptions:
+    return launch.ServeOptions(
         mode=args.mode,
         model=args.model,
         draft_model=args.draft_model,
@@ -223,7 +227,7 @@ def timeouts(args: argparse.Namespace) -> Timeouts:
     )
 
 
-def announce_env(plan: serve_launch.LaunchPlan) -> None:
+def announce_env(plan: launch.LaunchPlan) -> None:
     for name in sorted(plan.env):
         if name in os.environ and os.environ[name] != plan.env[name]:
             say(f"env {name}={os.environ[name]} (set by the caller; profile says {plan.env[name]})")
@@ -231,7 +235,7 @@ def announce_env(plan: serve_launch.LaunchPlan) -> None:
             say(f"env {name}={plan.env[name]}")
 
 
-def run_preflight(plan: serve_launch.LaunchPlan, stack: dict) -> preflight.PreflightReport:
+def run_preflight(plan: launch.LaunchPlan, stack: dict) -> preflight.PreflightReport:
     report = preflight.run_preflight(plan, dict(os.environ), stack["driver"])
     for warning in report.warnings:
         say(f"warning: {warning}")
@@ -241,14 +245,14 @@ def run_preflight(plan: serve_launch.LaunchPlan, stack: dict) -> preflight.Prefl
     return report
 
 
-def supervised(plan: serve_launch.LaunchPlan, args, report, limits: Timeouts, job_factory=None) -> int:
+def supervised(plan: launch.LaunchPlan, args, report, limits: Timeouts, job_factory=None) -> int:
     """Run the server under a Supervisor; `job_factory(supervisor)` gives the after-ready job."""
     log_path = args.log_file or os.path.join(
         plan.cache_dir, "logs", f"sglang-port{plan.port}-node{plan.node_rank}.log"
     )
     supervisor = Supervisor(
         command=list(plan.command),
-        env=serve_launch.child_environment(plan, dict(os.environ)),
+        env=launch.child_environment(plan, dict(os.environ)),
         log_path=log_path,
         health=health_url(plan.host, plan.port),
         timeouts=limits,
@@ -267,7 +271,7 @@ def supervised(plan: serve_launch.LaunchPlan, args, report, limits: Timeouts, jo
 
 def cmd_serve(args: argparse.Namespace, extra: tuple[str, ...]) -> int:
     stack = load_stack()
-    plan = serve_launch.build_plan(stack, serve_options(args, extra), sys.executable)
+    plan = launch.build_plan(stack, serve_options(args, extra), sys.executable)
     if args.dry_run:
         print(json.dumps({"command": plan.display_command(), "env": plan.env}, indent=2, sort_keys=True))
         return EXIT_OK
@@ -279,7 +283,7 @@ def cmd_serve(args: argparse.Namespace, extra: tuple[str, ...]) -> int:
 
 def bench_plan(args: argparse.Namespace, stack: dict) -> bench.BenchPlan:
     """The stack's bench settings and reference figure, overridden by the options given."""
-    serve_launch.mode_profile(stack, args.mode)  # an unknown mode is a usage error
+    launch.mode_profile(stack, args.mode)  # an unknown mode is a usage error
     settings = stack["bench"]
     workload = bench.Workload(
         input_len=args.input_len or settings["input_len"],
@@ -317,7 +321,7 @@ def cmd_bench(args: argparse.Namespace, extra: tuple[str, ...]) -> int:
     if not args.model:
         raise UsageError("bench needs --model PATH to launch a server, or --url URL to attach to one")
 
-    plan = serve_launch.build_plan(stack, serve_options(args, extra), sys.executable)
+    plan = launch.build_plan(stack, serve_options(args, extra), sys.executable)
     limits = timeouts(args)
     announce_env(plan)
     report = run_preflight(plan, stack)
@@ -334,7 +338,9 @@ def cmd_bench(args: argparse.Namespace, extra: tuple[str, ...]) -> int:
 def exec_smoke(arguments: list[str]) -> int:
     if not os.path.isfile(SMOKE_PROGRAM):
         raise EntrypointError(f"smoke checks are not installed: {SMOKE_PROGRAM} is missing")
-    os.execv(sys.executable, [sys.executable, SMOKE_PROGRAM, *arguments])
+    environment = dict(os.environ)
+    environment["PYTHONPATH"] = os.pathsep.join(filter(None, [TOOLS_ROOT, environment.get("PYTHONPATH")]))
+    os.execve(sys.executable, [sys.executable, "-m", "builder.runtime.smoke", *arguments], environment)
     return EXIT_OK  # not reached: exec replaced this process
 
 

@@ -11,14 +11,9 @@ from __future__ import annotations
 import json
 import textwrap
 
-try:
-    from . import smoke_report as report
-    from . import stackinfo
-    from .smoke_env import Environment, run_python
-except ImportError:  # run as a script from /opt/builder/runtime
-    import smoke_report as report
-    import stackinfo
-    from smoke_env import Environment, run_python
+from builder.runtime.smoke import report
+from builder.runtime import stackinfo
+from builder.runtime.smoke.env import Environment, run_python
 
 # Placeholders: parsing checks paths for nothing, and the check must not
 # depend on a model being mounted.

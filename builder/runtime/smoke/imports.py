@@ -7,12 +7,8 @@ sgl_kernel registers its torch ops on import: a torch ABI mismatch shows here.
 
 from __future__ import annotations
 
-try:
-    from . import smoke_report as report
-    from .smoke_env import Environment, run_python
-except ImportError:  # run as a script from /opt/builder/runtime
-    import smoke_report as report
-    from smoke_env import Environment, run_python
+from builder.runtime.smoke import report
+from builder.runtime.smoke.env import Environment, run_python
 
 # (module, distribution that provides it), in dependency order.
 CORE_MODULES = (

@@ -17,10 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 import textwrap
 
-try:
-    from . import smoke_libs
-except ImportError:  # run as a script from /opt/builder/runtime
-    import smoke_libs
+from builder.runtime.binaries import loader as library_loader
 
 IMPORT_TIMEOUT_S = 600
 _LOADER_MARKERS = ("undefined symbol", "cannot open shared object file", "version `")
@@ -137,10 +134,10 @@ class Environment:
 
     def driver_present(self) -> bool:
         """Whether the NVIDIA driver's libcuda.so.1 is visible to the loader (a GPU container)."""
-        loader = smoke_libs.Loader()
+        loader = library_loader.Loader()
         return "libcuda.so.1" in loader.cache or any(
             os.path.exists(os.path.join(directory, "libcuda.so.1"))
-            for directory in loader.ld_library_path + list(smoke_libs.DEFAULT_DIRS))
+            for directory in loader.ld_library_path + list(library_loader.DEFAULT_DIRS))
 
     @staticmethod
     def site_packages() -> Path:

@@ -7,12 +7,8 @@
 
 from __future__ import annotations
 
-try:
-    from . import smoke_report as report
-    from .smoke_env import Environment, normalize
-except ImportError:  # run as a script from /opt/builder/runtime
-    import smoke_report as report
-    from smoke_env import Environment, normalize
+from builder.runtime.smoke import report
+from builder.runtime.smoke.env import Environment, normalize
 
 # Wheels that carry the CUDA runtime libraries (cu12 builds name the major in
 # the distribution; CUDA 13 wheels are unsuffixed and versioned 13.x).

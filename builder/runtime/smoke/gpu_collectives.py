@@ -1,6 +1,6 @@
 """The smoke checks that run across every visible GPU, one process per GPU.
 
-Called by smoke_gpu_worker.py in its child interpreter; torch and flashinfer are
+Called by gpu_worker.py in its child interpreter; torch and flashinfer are
 imported inside the ranks. Each check returns {"status", "detail"}.
 
 - nccl-all-reduce: a plain NCCL all-reduce gives the exact sum.

@@ -18,15 +18,10 @@ import re
 import sys
 import textwrap
 
-try:
-    from . import elf, smoke_libs
-    from . import smoke_report as report
-    from .smoke_env import Environment, normalize, run_python
-except ImportError:  # run as a script from /opt/builder/runtime
-    import elf
-    import smoke_libs
-    import smoke_report as report
-    from smoke_env import Environment, normalize, run_python
+from builder.runtime.binaries import elf
+from builder.runtime.binaries import loader as library_loader
+from builder.runtime.smoke import report
+from builder.runtime.smoke.env import Environment, normalize, run_python
 
 # Distributions whose shared objects are checked; the extensions among them
 # are loaded into a process that has already imported torch.
@@ -83,7 +78,7 @@ def shared_objects(env: Environment, distribution: str) -> list[str]:
 class _Scan:
     def __init__(self, env: Environment):
         self.env = env
-        self.loader = smoke_libs.Loader()
+        self.loader = library_loader.Loader()
         self.global_scope: dict[str, str] = {}  # soname -> path, loaded before extensions
         self._defined: dict[str, set[str]] = {}
         self._version_defs: dict[str, set[str]] = {}
@@ -136,7 +131,7 @@ class _Scan:
             info = self.loader.info(path)
             for name in info.needed:
                 if self.loader.resolve(name, info) is None:
-                    if name in smoke_libs.DRIVER_LIBRARIES:
+                    if name in library_loader.DRIVER_LIBRARIES:
                         driver.add(name)
                     else:
                         missing.append(f"{_relative(path, self.env)} needs {name}")
@@ -183,7 +178,7 @@ class _Scan:
         global_paths = list(dict.fromkeys(self.global_scope.values()))
         for path in objects:
             loaded, missing = self.loader.closure(path)
-            if any(name not in smoke_libs.DRIVER_LIBRARIES for _, name in missing):
+            if any(name not in library_loader.DRIVER_LIBRARIES for _, name in missing):
                 incomplete.append(_relative(path, self.env))  # its symbols' providers are absent
                 continue
             driver_absent = bool(missing)

@@ -18,14 +18,9 @@ import re
 import shutil
 import subprocess
 
-try:
-    from . import elf
-    from . import smoke_report as report
-    from .smoke_env import Environment
-except ImportError:  # run as a script from /opt/builder/runtime
-    import elf
-    import smoke_report as report
-    from smoke_env import Environment
+from builder.runtime.binaries import elf
+from builder.runtime.smoke import report
+from builder.runtime.smoke.env import Environment
 
 FLASHINFER_DEVICE_CODE = ("flashinfer-cubin", "flashinfer-jit-cache")
 _CUOBJDUMP_NAME = re.compile(r"\.(sm_\d+[af]?)\.(cubin|ptx)$")

@@ -11,7 +11,7 @@ import dataclasses
 import os
 
 from builder.runtime import stackinfo
-from builder.runtime.serve_errors import UsageError
+from builder.runtime.serve.errors import UsageError
 
 LAUNCHER_MODULE = "sglang.launch_server"
 SGLANG_DEFAULT_HOST = "127.0.0.1"  # ServerArgs.host in sglang 0.5.9

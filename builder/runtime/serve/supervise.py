@@ -33,7 +33,7 @@ import urllib.error
 import urllib.request
 from typing import Callable
 
-from builder.runtime.serve_errors import (
+from builder.runtime.serve.errors import (
     EXIT_OK,
     EXIT_SIGNAL_BASE,
     PreflightError,
@@ -41,7 +41,7 @@ from builder.runtime.serve_errors import (
     StartupFailed,
     StartupStalled,
 )
-from builder.runtime.serve_progress import StartupProgress, parse_gen_throughput
+from builder.runtime.serve.progress import StartupProgress, parse_gen_throughput
 
 TAIL_LINES = 40
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # HUP: a closed terminal

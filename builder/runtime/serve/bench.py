@@ -32,7 +32,7 @@ import urllib.error
 import urllib.request
 from typing import Callable, Iterable
 
-from builder.runtime.serve_errors import EXIT_OK, EXIT_REGRESSION, BenchFailed
+from builder.runtime.serve.errors import EXIT_OK, EXIT_REGRESSION, BenchFailed
 
 REPORT_SCHEMA = 1
 TOKEN_ID_RANGE = (1000, 20000)  # inside every real vocabulary, clear of special tokens

@@ -1,13 +1,13 @@
 """The GPU computations of the smoke checks, run in a child interpreter.
 
-    python smoke_gpu_worker.py OFFSET
+    python -m builder.runtime.smoke.gpu_worker OFFSET
 
 Prints one JSON object: {"devices": [[major, minor], ...], "reason": str,
 "checks": {name: {"status", "detail"}}}. Every result is compared with a torch
 (or arithmetic) reference plus OFFSET: 0 in real runs; any other value plants
 a wrong expectation, which every comparison must then report as a failure.
 Standard library and the image's torch only; the checks across GPUs are in
-smoke_gpu_collectives.py.
+gpu_collectives.py.
 """
 
 from __future__ import annotations
@@ -16,10 +16,7 @@ import json
 import sys
 import traceback
 
-try:
-    from . import smoke_gpu_collectives as collectives
-except ImportError:  # run as a script from /opt/builder/runtime
-    import smoke_gpu_collectives as collectives
+from builder.runtime.smoke import gpu_collectives as collectives
 
 # Checks across every GPU, each with the fewest GPUs it means anything on.
 COLLECTIVE_CHECKS = {"nccl-all-reduce": 1, "flashinfer-allreduce-fusion": 2, "torch-symm-mem-all-reduce": 2}

@@ -1,6 +1,6 @@
 """Smoke checks of a built image, run inside it before it is tagged.
 
-    /opt/venv/bin/python /opt/builder/runtime/smoke.py [--json] [--only CHECK ...]
+    /opt/venv/bin/python -m builder.runtime.smoke [--json] [--only CHECK ...]   (PYTHONPATH=/opt)
 
 Reads the stack description (/opt/builder/stack.json, or --stack / the
 BUILDER_STACK_JSON variable) and runs the named checks: versions, imports,
@@ -9,7 +9,7 @@ a reason. Prints a table (or JSON with --json); exit status 1 when any check
 failed, 2 for bad usage or an unreadable stack description, 3 when the NVIDIA
 driver is older than the stack's CUDA needs (the gpu.driver row says which).
 
-Standard library only; runs as a script path or imported as builder.runtime.smoke.
+Standard library only; runs as the module builder.runtime.smoke (its __main__ calls main here).
 """
 
 from __future__ import annotations
@@ -18,36 +18,24 @@ import argparse
 import sys
 import traceback
 
-try:
-    from . import (smoke_abi, smoke_arch, smoke_entrypoint, smoke_gpu, smoke_imports,
-                   smoke_patches, smoke_report, smoke_versions, stackinfo)
-    from .smoke_env import Environment
-except ImportError:  # run as a script from /opt/builder/runtime
-    import smoke_abi
-    import smoke_arch
-    import smoke_entrypoint
-    import smoke_gpu
-    import smoke_imports
-    import smoke_patches
-    import smoke_report
-    import smoke_versions
-    import stackinfo
-    from smoke_env import Environment
+from builder.runtime import stackinfo
+from builder.runtime.smoke import abi, arch, gpu, imports, launch_command, patches, report, versions
+from builder.runtime.smoke.env import Environment
 
 # In the order they run: cheap facts first, the GPU last.
 CHECKS = {
-    "versions": smoke_versions.run,
-    "imports": smoke_imports.run,
-    "abi": smoke_abi.run,
-    "arch": smoke_arch.run,
-    "patches": smoke_patches.run,
-    "entrypoint": smoke_entrypoint.run,
-    "gpu": smoke_gpu.run,
+    "versions": versions.run,
+    "imports": imports.run,
+    "abi": abi.run,
+    "arch": arch.run,
+    "patches": patches.run,
+    "entrypoint": launch_command.run,
+    "gpu": gpu.run,
 }
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="smoke.py", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="smoke", description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--only", nargs="+", choices=sorted(CHECKS), metavar="CHECK",
                         help=f"run only these checks ({', '.join(CHECKS)})")
@@ -59,14 +47,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def run_checks(env: Environment, names: list[str]) -> list[smoke_report.Result]:
-    results: list[smoke_report.Result] = []
+def run_checks(env: Environment, names: list[str]) -> list[report.Result]:
+    results: list[report.Result] = []
     for name in names:
         try:
             results.extend(CHECKS[name](env))
         except Exception as error:  # a bug in one check must not hide the others' results
             where = traceback.extract_tb(error.__traceback__)[-1]
-            results.append(smoke_report.failed(
+            results.append(report.failed(
                 name, f"check crashed: {type(error).__name__}: {error} "
                       f"({where.filename.rsplit('/', 1)[-1]}:{where.lineno})"))
     return results
@@ -83,13 +71,9 @@ def main(argv: list[str] | None = None) -> int:
     names = [name for name in CHECKS if not args.only or name in args.only]
     results = run_checks(env, names)
     if args.json:
-        sys.stdout.write(smoke_report.to_json(env.stack, results))
+        sys.stdout.write(report.to_json(env.stack, results))
     else:
-        sys.stdout.write(smoke_report.format_table(env.stack, results))
-    if smoke_gpu.driver_refused(results):
+        sys.stdout.write(report.format_table(env.stack, results))
+    if gpu.driver_refused(results):
         return 3
-    return 1 if any(result.status == smoke_report.FAIL for result in results) else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return 1 if any(result.status == report.FAIL for result in results) else 0

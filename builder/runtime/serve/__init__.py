@@ -1,0 +1,1 @@
+"""Serving inside the image: the entrypoint, its pre-flight, the supervised server, the benchmark."""
