@@ -15,7 +15,10 @@ import pytest
 
 from builder.publish import lock
 from builder.engine import get_engine
+from builder.engine.buildah import BuildahEngine
+from builder.image.local_base import BaseSpec, make_base
 from builder.config.matrix import load_matrix
+from engine_helpers import BASE_EPOCH, TEST_BASE_TAG
 from support import REPO, run_builder
 
 BUILT_STACK = "sglang-0.5.9-cu128-local"
@@ -92,3 +95,14 @@ def image(client):
     for tagged in client.images.list(all=True):
         if tagged.id == image_id:
             client.images.remove(image_id, force=True)
+
+
+@pytest.fixture(scope="session")
+def base_image(tmp_path_factory):
+    """The real mmdebstrap base for the engine tests, in buildah's storage and the Docker daemon, made
+    once per session (its own date, so its id differs from the base real builds use)."""
+    output = tmp_path_factory.mktemp("base")
+    engine = BuildahEngine()
+    result = make_base(BaseSpec(source_date_epoch=BASE_EPOCH, tag=TEST_BASE_TAG), output, engine=engine)
+    engine.daemon.load(result.archive)
+    return result

@@ -1,4 +1,4 @@
-"""Shared pieces of the engine, base and verify tests: a real base image, built once per session."""
+"""Shared pieces of the engine, base and verify tests (the real base image itself is a conftest fixture)."""
 
 from __future__ import annotations
 
@@ -6,35 +6,12 @@ import io
 import tarfile
 from pathlib import Path
 
-import pytest
-
-from builder.image.local_base import BaseSpec, make_base
-from builder.engine.buildah import BuildahEngine
 
 EPOCH = 1735689600  # 2025-01-01: a fixed date, never the wall clock
 # The test base gets its own date, so its image ID differs from a base built for real use: one
 # image under two names would make buildah's recorded FROM name (and so digests) ambiguous.
 BASE_EPOCH = 1700000000
 TEST_BASE_TAG = "localhost/builder-base-test:bookworm"
-
-
-_built_base = []
-
-
-@pytest.fixture(scope="session")
-def base_image(tmp_path_factory):
-    """The real mmdebstrap base, loaded into buildah's storage and the Docker daemon.
-
-    Test modules import this fixture, which gives each module its own fixture definition; the
-    memo makes the base build once per session all the same."""
-    if not _built_base:
-        output = tmp_path_factory.mktemp("base")
-        engine = BuildahEngine()
-        spec = BaseSpec(source_date_epoch=BASE_EPOCH, tag=TEST_BASE_TAG)
-        result = make_base(spec, output, engine=engine)
-        engine.daemon.load(result.archive)
-        _built_base.append(result)
-    return _built_base[0]
 
 
 def write_context(directory: Path, dockerfile: str, files: dict[str, str] | None = None) -> Path:

@@ -7,7 +7,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from engine_helpers import BASE_EPOCH, EPOCH, TEST_BASE_TAG, base_image, tar_bytes  # noqa: F401
+from engine_helpers import BASE_EPOCH, EPOCH, TEST_BASE_TAG, tar_bytes
 
 from builder.cli import main as cli_main
 from builder.image.local_base import (

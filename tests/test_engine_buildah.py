@@ -8,7 +8,7 @@ import sys
 import textwrap
 
 import pytest
-from engine_helpers import EPOCH, TEST_BASE_TAG, base_image, write_context  # noqa: F401
+from engine_helpers import EPOCH, TEST_BASE_TAG, write_context
 
 from builder.engine.protocol import BuildRequest
 from builder.engine.buildah import BuildahEngine

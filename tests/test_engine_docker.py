@@ -4,7 +4,7 @@ failures that name the step, and (documented) no bit-reproducibility on Docker 2
 import subprocess
 
 import pytest
-from engine_helpers import EPOCH, TEST_BASE_TAG, base_image, write_context  # noqa: F401
+from engine_helpers import EPOCH, TEST_BASE_TAG, write_context
 
 from builder.engine.protocol import BuildRequest
 from builder.engine.docker import DockerEngine, find_buildkit_client

@@ -7,7 +7,7 @@ import tarfile
 import uuid
 
 import pytest
-from engine_helpers import EPOCH, TEST_BASE_TAG, base_image, write_context  # noqa: F401
+from engine_helpers import EPOCH, TEST_BASE_TAG, write_context
 
 from builder.engine.protocol import BuildRequest
 from builder.engine.buildah import BuildahEngine

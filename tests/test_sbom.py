@@ -23,7 +23,6 @@ from builder.publish import lock
 from builder.errors import BuildFailure
 from builder.config.matrix import load_matrix
 from builder.publish.resolve import PLATFORM, Distribution, Resolution
-from engine_helpers import base_image  # noqa: F401 (the session's real Debian base)
 
 REPO = Path(__file__).resolve().parent.parent
 STACK = load_matrix(REPO / "matrix.toml").stack("sglang-0.5.9-cu128")

@@ -13,7 +13,7 @@ from builder.image import smoke_gate
 from builder.cli.main import main
 from builder.errors import BuildFailure, UserError
 from builder.runtime.smoke import report as smoke_report
-from engine_helpers import TEST_BASE_TAG, base_image  # noqa: F401  (the real mmdebstrap base, in the daemon)
+from engine_helpers import TEST_BASE_TAG
 
 REPO = Path(__file__).resolve().parents[1]
 BASE_IMAGE = TEST_BASE_TAG

@@ -7,7 +7,7 @@ import json
 import tarfile
 
 import pytest
-from engine_helpers import EPOCH, TEST_BASE_TAG, base_image, tar_bytes, write_context  # noqa: F401
+from engine_helpers import EPOCH, TEST_BASE_TAG, tar_bytes, write_context
 
 from builder.engine.protocol import BuildRequest
 from builder.errors import UserError
