@@ -124,7 +124,7 @@ def python_supported(stack: Stack) -> list[Problem]:
         tags = _wheel_tags(stack, package.name)
         where = ("packages", package.name, "version")
         if tags is None:
-            problems.append((where, f"no wheel-tag facts for {package.name} {package.version}: add them to builder/compat_data.toml"))
+            problems.append((where, f"no wheel-tag facts for {package.name} {package.version}: add them to builder/config/compat_data.toml"))
         elif not any(_tag_supports(tag, stack.python) for tag in tags):
             problems.append((where, f"{package.name} {package.version} has no wheel for Python {stack.python} (tags: {', '.join(tags)})"))
     return problems
@@ -197,7 +197,7 @@ def minimum_driver(cuda: str) -> dict | None:
 def minimum_driver_known(stack: Stack) -> list[Problem]:
     if minimum_driver(stack.cuda) is None:
         return [(("cuda",), f"no minimum NVIDIA driver is recorded for CUDA {stack.cuda}; add it to "
-                            "builder/compat_data.toml [cuda_driver] from NVIDIA's CUDA Toolkit release notes")]
+                            "builder/config/compat_data.toml [cuda_driver] from NVIDIA's CUDA Toolkit release notes")]
     return []
 
 

@@ -1,7 +1,7 @@
 """The host's NVIDIA driver, and whether it is new enough for the stack's CUDA.
 
 stack.json's "driver" holds the minimum driver for the stack's CUDA toolkit and
-where that figure comes from (builder/compat_data.toml). `serve`, `bench` and
+where that figure comes from (builder/config/compat_data.toml). `serve`, `bench` and
 the GPU smoke checks read the driver version and refuse an older one: a CUDA 13
 image on a 570-series host fails later and less clearly (cudaErrorInsufficientDriver
 in the middle of a TP-8 start).

@@ -7,7 +7,7 @@
 #
 # It writes a stack.json describing what this machine has (target 9.0, the
 # installed distributions, torch's CUDA, the CUDA 13.0.1 stack's minimum driver
-# from builder/compat_data.toml), runs every check and prints the table; checks
+# from builder/config/compat_data.toml), runs every check and prints the table; checks
 # that cannot run here (no sgl_kernel, no sglang, ...) say so as skips. With 2 or
 # more GPUs that includes FlashInfer's fused all-reduce + residual + RMSNorm and
 # torch's symmetric-memory all-reduce against NCCL. Then it plants a wrong
@@ -21,7 +21,7 @@ python=${PYTHON:-python3}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-"$python" - "$work/stack.json" "$repo/builder/compat_data.toml" <<'PY'
+"$python" - "$work/stack.json" "$repo/builder/config/compat_data.toml" <<'PY'
 import importlib.metadata as metadata, json, sys, tomllib
 import torch
 
