@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import base64
+import http.server
+import json
 import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
+import urllib.parse
 from pathlib import Path
 
 import requests
@@ -84,12 +89,20 @@ def free_port() -> int:
 
 
 class Registry:
-    """docker-registry on 127.0.0.1:port, file storage in a temporary folder; no auth, or basic
-    auth against an htpasswd file."""
+    """docker-registry on 127.0.0.1:port, file storage in a temporary folder; no auth, basic auth
+    against an htpasswd file, or token auth (Bearer) with tokens from a TokenIssuer."""
 
-    def __init__(self, root: Path, port: int, htpasswd: Path | None = None):
-        self.root, self.port, self.process, self.htpasswd = root, port, None, htpasswd
+    def __init__(self, root: Path, port: int, htpasswd: Path | None = None, token: "TokenIssuer | None" = None):
+        self.root, self.port, self.process, self.htpasswd, self.token = root, port, None, htpasswd, token
         self.host = f"127.0.0.1:{port}"
+
+    def _auth(self) -> str:
+        if self.htpasswd:
+            return f"auth:\n  htpasswd:\n    realm: builder-test\n    path: {self.htpasswd}\n"
+        if self.token:
+            return (f"auth:\n  token:\n    realm: {self.token.realm}\n    service: {self.token.service}\n"
+                    f"    issuer: {self.token.issuer}\n    rootcertbundle: {self.token.certificate}\n")
+        return ""
 
     def start(self) -> None:
         binary = shutil.which("docker-registry") or shutil.which("registry")
@@ -100,7 +113,7 @@ class Registry:
             "log:\n  level: error\n"
             f"storage:\n  filesystem:\n    rootdirectory: {self.root / 'data'}\n  delete:\n    enabled: true\n"
             f"http:\n  addr: {self.host}\n"
-            + (f"auth:\n  htpasswd:\n    realm: builder-test\n    path: {self.htpasswd}\n" if self.htpasswd else "")
+            + self._auth()
         )
         self.log = open(self.root / "registry.log", "ab")
         self.process = subprocess.Popen([binary, "serve", str(config)], stdout=self.log, stderr=self.log)
@@ -127,3 +140,69 @@ class Registry:
                                "application/vnd.oci.image.manifest.v1+json"})
         response.raise_for_status()
         return response.headers["Docker-Content-Digest"]
+
+
+def _b64url(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+class TokenIssuer:
+    """A token service as Docker Hub and Distribution's token auth speak it, on 127.0.0.1: GET /token
+    with HTTP basic credentials answers {"token": JWT} for the asked scope; the JWT is RS256-signed
+    (openssl) with its certificate in the x5c header, which the registry checks against the bundle."""
+
+    service, issuer = "builder-test-registry", "builder-test-issuer"
+
+    def __init__(self, directory: Path, port: int, user: str, password: str):
+        directory.mkdir(parents=True, exist_ok=True)
+        self.key, self.certificate = directory / "token.key", directory / "token.pem"
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(self.key),
+                        "-out", str(self.certificate), "-days", "2", "-subj", "/CN=builder-test-token"],
+                       check=True, capture_output=True)
+        der = subprocess.run(["openssl", "x509", "-in", str(self.certificate), "-outform", "DER"],
+                             check=True, capture_output=True).stdout
+        self.x5c = base64.b64encode(der).decode()
+        self.realm = f"http://127.0.0.1:{port}/token"
+        self.requests: list[str] = []
+        issuer, expected = self, "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                url = urllib.parse.urlsplit(self.path)
+                query = urllib.parse.parse_qs(url.query)
+                issuer.requests.append(self.path)
+                if url.path != "/token" or self.headers.get("Authorization") != expected:
+                    self.send_response(401)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                body = json.dumps({"token": issuer.sign(query.get("scope", []))}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def sign(self, scopes: list[str]) -> str:
+        access = []
+        for scope in scopes:
+            kind, name, actions = scope.split(":", 2) if scope.count(":") >= 2 else (scope, "", "")
+            access.append({"type": kind, "name": name, "actions": [a for a in actions.split(",") if a]})
+        now = int(time.time())
+        header = {"typ": "JWT", "alg": "RS256", "x5c": [self.x5c]}
+        claims = {"iss": self.issuer, "sub": "builder", "aud": self.service, "exp": now + 300, "nbf": now - 10,
+                  "iat": now, "jti": f"{now}-{len(self.requests)}", "access": access}
+        signing_input = _b64url(json.dumps(header).encode()) + "." + _b64url(json.dumps(claims).encode())
+        signature = subprocess.run(["openssl", "dgst", "-sha256", "-sign", str(self.key)], input=signing_input.encode(),
+                                   check=True, capture_output=True).stdout
+        return signing_input + "." + _b64url(signature)
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

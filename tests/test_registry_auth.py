@@ -16,7 +16,7 @@ from builder.cli.main import main
 from builder.config.matrix import load_matrix
 from builder.errors import BuildFailure, UserError
 
-from support import REPO, Registry, resolution_of
+from support import REPO, Registry, TokenIssuer, resolution_of
 
 STACK = load_matrix(REPO / "matrix.toml").stack("sglang-0.5.9-cu128")
 
@@ -139,4 +139,64 @@ def test_refused_credentials_are_one_clear_line(client, secured, image, path, tm
     assert str(refusal.value) == (
         f"{secured.host} refused the credentials in {tmp_path}/docker-config/config.json for reading "
         f"{image['repository']}:{TAG} (HTTP 401): run `docker login {secured.host}` again")
+    assert path.read_bytes() == before
+
+
+# ---- token auth: the registry sends a Bearer challenge; a token service signs the tokens ----------
+
+
+@pytest.fixture
+def token_secured(tmp_path):
+    """The registry with Distribution's token auth, and the token service it trusts."""
+    issuer = TokenIssuer(tmp_path / "token", loopback_port(), USER, PASSWORD)
+    server = Registry(tmp_path / "registry", loopback_port(), token=issuer)
+    server.root.mkdir()
+    server.start()
+    yield server
+    server.stop()
+    issuer.stop()
+
+
+def bearer_manifest_digest(server: Registry, repository: str) -> str:
+    url = f"http://{server.host}/v2/{repository}/manifests/{TAG}"
+    challenge = requests.get(url, timeout=10).headers["WWW-Authenticate"]
+    headers = registry_auth.answer(challenge, registry_auth.Credentials(USER, PASSWORD))
+    response = requests.get(url, timeout=10, headers={
+        **headers, "Accept": "application/vnd.docker.distribution.manifest.v2+json"})
+    response.raise_for_status()
+    return response.json()["config"]["digest"]
+
+
+def test_bearer_challenge_token_push_and_the_immutable_tag(client, token_secured, image, path, tmp_path,
+                                                           monkeypatch, built):
+    server = token_secured
+    scheme, params = registry_auth.parse_challenge(requests.get(f"http://{server.host}/v2/", timeout=10)
+                                                   .headers["WWW-Authenticate"])
+    assert (scheme, params["realm"], params["service"]) == ("bearer", server.token.realm, server.token.service)
+    docker_config(tmp_path, monkeypatch, server.host, USER)
+    built(path, image)
+    pushed = registry.push(STACK.name, server.host, client=client, lock_path=path)
+    assert bearer_manifest_digest(server, image["repository"]) == image["id"]
+    assert any(f"scope=repository%3A{image['repository']}%3Apull" in r for r in server.token.requests)
+    assert registry.push(STACK.name, server.host, client=client, lock_path=path)["digest"] == pushed["digest"]
+    client.api.import_image_from_data(b"\0" * 4096, repository=image["repository"], tag="other")
+    other_id = client.images.get(f"{image['repository']}:other").id
+    try:
+        built(path, {**image, "id": other_id})
+        with pytest.raises(BuildFailure, match=rf"already names another image \({image['id']}\)"):
+            registry.push(STACK.name, server.host, client=client, lock_path=path)
+        assert bearer_manifest_digest(server, image["repository"]) == image["id"]
+    finally:
+        client.images.remove(other_id, force=True)
+
+
+def test_a_token_service_that_refuses_the_credentials_refuses_the_push(client, token_secured, image, path,
+                                                                       tmp_path, monkeypatch, built):
+    server = token_secured
+    docker_config(tmp_path, monkeypatch, server.host, USER, password="wrong")
+    built(path, image)
+    before = path.read_bytes()
+    with pytest.raises(UserError, match=rf"^{server.host} refused the credentials in .*config.json for reading "
+                                        rf"{image['repository']}:{TAG} \(HTTP 401\): run `docker login"):
+        registry.push(STACK.name, server.host, client=client, lock_path=path)
     assert path.read_bytes() == before
