@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import IO
 
 from builder.errors import BuildFailure, UserError
+from builder.files import sha256_file
 
 _CHUNK = 1 << 20
 _MAX_FILES_LISTED = 50
@@ -186,7 +187,7 @@ def tree_entries(root: Path) -> dict[str, tuple]:
             info = path.lstat()
             content, link, kind = "", "", tarfile.DIRTYPE
             if stat.S_ISREG(info.st_mode):
-                kind, content = tarfile.REGTYPE, _file_sha256(path)
+                kind, content = tarfile.REGTYPE, sha256_file(path)
             elif stat.S_ISLNK(info.st_mode):
                 kind, link = tarfile.SYMTYPE, os.readlink(path)
             elif not stat.S_ISDIR(info.st_mode):
@@ -195,14 +196,6 @@ def tree_entries(root: Path) -> dict[str, tuple]:
             entries[path.relative_to(root).as_posix()] = (
                 kind, stat.S_IMODE(info.st_mode), info.st_uid, info.st_gid, int(info.st_mtime), size, content, link)
     return entries
-
-
-def _file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as stream:
-        while chunk := stream.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 _FIELDS = ("type", "mode", "uid", "gid", "mtime", "size", "content", "link target")

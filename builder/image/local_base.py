@@ -35,6 +35,7 @@ from pathlib import Path
 from builder.engine.protocol import Engine
 from builder.image import dpkg
 from builder.errors import BuildFailure, UserError
+from builder.files import sha256_file
 from builder.paths import local_base_tag
 
 # Runtime needs of a CUDA Python stack on top of Debian's python3: the CUDA user-space libraries come
@@ -143,14 +144,6 @@ def build_rootfs(
         partial.replace(output)
     finally:
         partial.unlink(missing_ok=True)
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as stream:
-        while chunk := stream.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def installed_packages(rootfs_tar: Path) -> tuple[str, ...]:

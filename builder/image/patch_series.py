@@ -24,6 +24,7 @@ from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel
 from packaging.version import InvalidVersion, Version
 
 from builder.errors import BuildFailure, UserError
+from builder.files import sha256_file
 from builder.runtime import apply_patch
 @dataclass(frozen=True)
 class Patch:
@@ -159,14 +160,6 @@ def unpack(wheel: Path, destination: Path) -> Path:
     return destination
 
 
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 # --- applying a series --------------------------------------------------------
 
 
@@ -219,7 +212,7 @@ def check_series(
     with tempfile.TemporaryDirectory(prefix="builder-patches-") as workdir:
         site_packages = unpack(wheel, Path(workdir) / "site-packages")
         results = apply_series(patches, site_packages)
-    return SeriesCheck(distribution, version, wheel.name, sha256_of(wheel), tuple(results))
+    return SeriesCheck(distribution, version, wheel.name, sha256_file(wheel), tuple(results))
 
 
 def format_check(check: SeriesCheck) -> list[str]:
