@@ -8,20 +8,17 @@ two images part: the first differing layer, or else the differing config fields.
 
 from __future__ import annotations
 
-from itertools import zip_longest
-
 from builder.engine.protocol import Engine, ImageInfo
 from builder.errors import BuildFailure
-from builder.image.layer_diff import config_differences
+from builder.image.layer_diff import config_differences, first_differing_layer
 
 _FIELDS_SHOWN = 6
 
 
 def first_difference(held: ImageInfo, built: ImageInfo) -> str:
-    for index, (old, new) in enumerate(zip_longest(held.layers, built.layers)):
-        if old is None or new is None or old.diff_id != new.diff_id:
-            step = (new or old).created_by or "unknown step"
-            return f"first differing layer #{index + 1}, made by: {step[:160]}"
+    index, step = first_differing_layer(held.layers, built.layers)
+    if index is not None:
+        return f"first differing layer #{index + 1}, made by: {(step or 'unknown step')[:160]}"
     fields = config_differences(dict(held.config), dict(built.config))
     if not fields:
         return "layers equal; the config differs in fields this store does not show"

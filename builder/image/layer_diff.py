@@ -18,6 +18,7 @@ import tarfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
+from itertools import zip_longest
 from pathlib import Path
 from typing import IO
 
@@ -222,22 +223,29 @@ def compare(first_path: Path, second_path: Path) -> Comparison:
     result = Comparison(first_id=first.config_digest, second_id=second.config_digest)
     if result.identical:
         return result
-    for index in range(max(len(first.layers), len(second.layers))):
-        a = first.layers[index] if index < len(first.layers) else None
-        b = second.layers[index] if index < len(second.layers) else None
-        if a is not None and b is not None and a.diff_id == b.diff_id:
-            continue
-        step = (a or b).step
-        if a is None or b is None:
-            only = "first" if b is None else "second"
-            return replace(result, layer_index=index, step=step, files=(
-                FileDifference("(whole layer)", f"only in {only}"),))
-        files = diff_entries(layer_entries(first, a), layer_entries(second, b))
-        if not files:
-            # Same entries, different bytes: the tar framing itself differs (order, headers).
-            files = (FileDifference("(tar stream)", "same files, different archive bytes"),)
-        return replace(result, layer_index=index, step=step, files=files)
-    return replace(result, config_fields=config_differences(first.config, second.config))
+    index, step = first_differing_layer(first.layers, second.layers)
+    if index is None:
+        return replace(result, config_fields=config_differences(first.config, second.config))
+    a = first.layers[index] if index < len(first.layers) else None
+    b = second.layers[index] if index < len(second.layers) else None
+    if a is None or b is None:
+        only = "first" if b is None else "second"
+        return replace(result, layer_index=index, step=step, files=(FileDifference("(whole layer)", f"only in {only}"),))
+    files = diff_entries(layer_entries(first, a), layer_entries(second, b))
+    if not files:
+        # Same entries, different bytes: the tar framing itself differs (order, headers).
+        files = (FileDifference("(tar stream)", "same files, different archive bytes"),)
+    return replace(result, layer_index=index, step=step, files=files)
+
+
+def first_differing_layer(first: tuple, second: tuple) -> tuple[int | None, str]:
+    """(index, step) of the first layer whose diff_id differs between two layer lists (engine.Layer or
+    LayerRef: both have diff_id and a step), or (None, "") when they are equal."""
+    for index, (a, b) in enumerate(zip_longest(first, second)):
+        if a is None or b is None or a.diff_id != b.diff_id:
+            layer = b or a
+            return index, getattr(layer, "created_by", None) or getattr(layer, "step", "")
+    return None, ""
 
 
 def config_differences(first: object, second: object, prefix: str = "") -> tuple[str, ...]:

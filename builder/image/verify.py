@@ -13,7 +13,6 @@ import shutil
 import subprocess
 import sys
 import tarfile
-from itertools import zip_longest
 from pathlib import Path
 
 from builder.engine import host_network
@@ -108,13 +107,6 @@ def export_head(root: Path, destination: Path) -> Path:
     return destination / prefix.stdout.decode().strip()
 
 
-def _first_differing_layer(locked: ImageInfo, built: ImageInfo) -> tuple[int | None, str]:
-    for index, (old, new) in enumerate(zip_longest(locked.layers, built.layers)):
-        if old is None or new is None or old.diff_id != new.diff_id:
-            return index, (new or old).created_by
-    return None, ""
-
-
 def _locked_image(image_id: str, root: Path, report_path: str | None) -> tuple[ImageInfo | None, BuildahEngine | None]:
     """The locked image from buildah's storage, or what its committed build report says of it."""
     engine = BuildahEngine(export_to_docker=False)
@@ -135,7 +127,7 @@ def _describe_difference(expected: str, new_id: str, locked: ImageInfo | None, l
     comparison = layer_diff.Comparison(first_id=expected, second_id=new_id)
     if locked is None:
         return comparison
-    index, step = _first_differing_layer(locked, built)
+    index, step = layer_diff.first_differing_layer(locked.layers, built.layers)
     fields = tuple(f for f in layer_diff.config_differences(dict(locked.config), dict(built.config))
                    if not f.startswith(("rootfs", "history"))) if locked.config else ()
     files: tuple[layer_diff.FileDifference, ...] = ()

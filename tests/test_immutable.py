@@ -1,0 +1,55 @@
+"""The immutable-tag guard on its own: which store, which ids, and where the two images part."""
+
+from __future__ import annotations
+
+import pytest
+
+from builder.engine.protocol import ImageInfo, Layer
+from builder.errors import BuildFailure
+from builder.image import immutable
+
+OLD, NEW = "sha256:" + "a" * 64, "sha256:" + "b" * 64
+
+
+def image(image_id: str, diff_ids: list[str], labels: dict) -> ImageInfo:
+    layers = tuple(Layer(d, 1, f"step {i}") for i, d in enumerate(diff_ids))
+    return ImageInfo(image_id, (), "", labels, layers, {"config": {"Labels": labels}, "rootfs": {"diff_ids": diff_ids}})
+
+
+class Store:
+    def __init__(self, tags: dict, images: dict):
+        self.tags, self.images = tags, images
+
+    def image_id(self, ref):
+        return self.tags.get(ref) or (ref if ref in self.images else None)
+
+    def inspect(self, ref):
+        return self.images[self.image_id(ref)]
+
+
+class Engine:
+    def __init__(self, *stores):
+        self._stores = stores
+
+    def stores(self):
+        return self._stores
+
+
+def test_an_absent_tag_or_the_same_image_passes():
+    images = {NEW: image(NEW, ["sha256:1"], {})}
+    immutable.check(Engine(("buildah", Store({}, images))), "sglang:x-1", NEW)
+    immutable.check(Engine(("buildah", Store({"sglang:x-1": NEW}, images))), "sglang:x-1", NEW)
+
+
+def test_another_image_names_the_store_both_ids_and_the_first_differing_layer():
+    images = {OLD: image(OLD, ["sha256:1", "sha256:2"], {}), NEW: image(NEW, ["sha256:1", "sha256:3"], {})}
+    engine = Engine(("buildah", Store({}, images)), ("docker daemon", Store({"sglang:x-1": OLD}, images)))
+    with pytest.raises(BuildFailure, match=rf"^immutable tag sglang:x-1 already names {OLD} in docker daemon, "
+                                           rf"this build made {NEW}: first differing layer #2, made by: step 1;"):
+        immutable.check(engine, "sglang:x-1", NEW)
+
+
+def test_equal_layers_name_the_differing_config_fields():
+    images = {OLD: image(OLD, ["sha256:1"], {"revision": "abc"}), NEW: image(NEW, ["sha256:1"], {})}
+    with pytest.raises(BuildFailure, match=r"all layers equal; config differs in config.Labels.revision;"):
+        immutable.check(Engine(("buildah", Store({"sglang:x-1": OLD}, images))), "sglang:x-1", NEW)
