@@ -19,7 +19,7 @@ from builder.engine.buildah import BuildahEngine
 from builder.image.local_base import BaseSpec, make_base
 from builder.config.matrix import load_matrix
 from engine_helpers import BASE_EPOCH, TEST_BASE_TAG
-from support import REPO, run_builder
+from support import REPO, resolution_of, run_builder
 
 BUILT_STACK = "sglang-0.5.9-cu128-local"
 
@@ -106,3 +106,20 @@ def base_image(tmp_path_factory):
     result = make_base(BaseSpec(source_date_epoch=BASE_EPOCH, tag=TEST_BASE_TAG), output, engine=engine)
     engine.daemon.load(result.archive)
     return result
+
+
+@pytest.fixture
+def cu128_lock(tmp_path, monkeypatch):
+    """A lock (BUILDER_LOCK) whose sglang-0.5.9-cu128 entry is resolved, for the registry tests."""
+    lock_path = tmp_path / "matrix.lock"
+    monkeypatch.setenv("BUILDER_LOCK", str(lock_path))
+    lock.lock_stacks([load_matrix(REPO / "matrix.toml").stack("sglang-0.5.9-cu128")], path=lock_path,
+                     resolver=resolution_of)
+    return lock_path
+
+
+@pytest.fixture
+def record_cu128(record_image):
+    """Record a test image ({"id", "immutable"}) as the cu128 row's smoke-passed build in a lock."""
+    stack = load_matrix(REPO / "matrix.toml").stack("sglang-0.5.9-cu128")
+    return lambda path, image: record_image(stack, image["id"], [image["immutable"]], path)

@@ -14,7 +14,7 @@ from builder.cli.main import main
 from builder.errors import BuildFailure, UserError
 from builder.config.matrix import load_matrix
 
-from support import Registry, free_port, resolution_of
+from support import Registry, free_port
 
 REPO = Path(__file__).resolve().parent.parent
 STACK = load_matrix(REPO / "matrix.toml").stack("sglang-0.5.9-cu128")
@@ -58,20 +58,6 @@ def live_registry(tmp_path):
     server.stop()
 
 
-@pytest.fixture
-def path(tmp_path, monkeypatch):
-    """A lock whose cu128 entry records the test image as built and smoke-tested."""
-    lock_path = tmp_path / "matrix.lock"
-    monkeypatch.setenv("BUILDER_LOCK", str(lock_path))
-    lock.lock_stacks([STACK], path=lock_path, resolver=resolution_of)
-    return lock_path
-
-
-@pytest.fixture
-def built(record_image):
-    return lambda path, image: record_image(STACK, image["id"], [image["immutable"]], path)
-
-
 class Sleeps:
     """Retry's sleep: records the delays, and can change the world between attempts."""
 
@@ -85,16 +71,16 @@ class Sleeps:
             self.between(len(self.delays))
 
 
-def test_push_then_pull_by_digest(client, live_registry, image, path, capsys, built):
-    built(path, image)
-    pushed = registry.push(STACK.name, live_registry.host, client=client, lock_path=path)
+def test_push_then_pull_by_digest(client, live_registry, image, cu128_lock, capsys, record_cu128):
+    record_cu128(cu128_lock, image)
+    pushed = registry.push(STACK.name, live_registry.host, client=client, lock_path=cu128_lock)
     digest = live_registry.manifest_digest(image["repository"], "0.5.9-cu128-abc123")
     assert pushed["digest"] == digest
-    recorded = lock.entry(STACK, path)["push"]
+    recorded = lock.entry(STACK, cu128_lock)["push"]
     assert recorded == {"registry": live_registry.host, "repository": image["repository"],
                         "tag": "0.5.9-cu128-abc123", "digest": digest,
                         "reference": f"{live_registry.host}/{image['repository']}@{digest}"}
-    assert lock.entry(STACK, path)["image"]["digest"] == digest
+    assert lock.entry(STACK, cu128_lock)["image"]["digest"] == digest
 
     client.images.remove(image["id"], force=True)  # the pull must come from the registry
     status = main(["pull", STACK.name])
@@ -107,8 +93,8 @@ def test_push_then_pull_by_digest(client, live_registry, image, path, capsys, bu
     assert f"{live_registry.host}/{image['repository']}@{digest}" in pulled.attrs["RepoDigests"]
 
 
-def test_push_command_prints_the_digest_reference(client, live_registry, image, path, capsys, built):
-    built(path, image)
+def test_push_command_prints_the_digest_reference(client, live_registry, image, cu128_lock, capsys, record_cu128):
+    record_cu128(cu128_lock, image)
     assert main(["push", STACK.name, "--registry", f"{live_registry.host}/team"]) == 0
     digest = live_registry.manifest_digest(f"team/{image['repository']}", "0.5.9-cu128-abc123")
     assert capsys.readouterr().out == (
@@ -116,56 +102,56 @@ def test_push_command_prints_the_digest_reference(client, live_registry, image, 
         f"{live_registry.host}/team/{image['repository']}@{digest}\n")
 
 
-def test_an_immutable_tag_is_never_moved(client, live_registry, image, path, built):
-    built(path, image)
-    registry.push(STACK.name, live_registry.host, client=client, lock_path=path)
-    registry.push(STACK.name, live_registry.host, client=client, lock_path=path)  # same image: fine
+def test_an_immutable_tag_is_never_moved(client, live_registry, image, cu128_lock, record_cu128):
+    record_cu128(cu128_lock, image)
+    registry.push(STACK.name, live_registry.host, client=client, lock_path=cu128_lock)
+    registry.push(STACK.name, live_registry.host, client=client, lock_path=cu128_lock)  # same image: fine
     # Another image under the same immutable tag.
     client.api.import_image_from_data(b"\0" * 1024, repository=image["repository"], tag="other")
     other_id = client.images.get(f"{image['repository']}:other").id
     try:
-        built(path, {**image, "id": other_id})
-        before = path.read_bytes()
+        record_cu128(cu128_lock, {**image, "id": other_id})
+        before = cu128_lock.read_bytes()
         with pytest.raises(BuildFailure, match=rf"already names another image \({image['id']}\); immutable tags are never moved$"):
-            registry.push(STACK.name, live_registry.host, client=client, lock_path=path)
-        assert path.read_bytes() == before
+            registry.push(STACK.name, live_registry.host, client=client, lock_path=cu128_lock)
+        assert cu128_lock.read_bytes() == before
     finally:
         client.images.remove(other_id, force=True)
 
 
-def test_registry_down_is_retried_then_a_clear_error_with_the_lock_untouched(client, image, path, built):
-    built(path, image)
-    before = path.read_bytes()
+def test_registry_down_is_retried_then_a_clear_error_with_the_lock_untouched(client, image, cu128_lock, record_cu128):
+    record_cu128(cu128_lock, image)
+    before = cu128_lock.read_bytes()
     host = f"127.0.0.1:{free_port()}"
     sleeps = Sleeps()
     with pytest.raises(BuildFailure) as failure:
-        registry.push(STACK.name, host, retry=registry.Retry(3, 0.5, sleeps), client=client, lock_path=path)
+        registry.push(STACK.name, host, retry=registry.Retry(3, 0.5, sleeps), client=client, lock_path=cu128_lock)
     assert str(failure.value) == (f"push {host}/{image['repository']}:0.5.9-cu128-abc123 failed after 3 attempts: "
                                   f"registry {host} unreachable (connection refused)")
     assert sleeps.delays == [0.5, 1.0]
-    assert path.read_bytes() == before
+    assert cu128_lock.read_bytes() == before
 
 
-def test_registry_answering_500_is_retried_then_a_clear_error_with_the_lock_untouched(client, image, path, built):
-    built(path, image)
-    before = path.read_bytes()
+def test_registry_answering_500_is_retried_then_a_clear_error_with_the_lock_untouched(client, image, cu128_lock, record_cu128):
+    record_cu128(cu128_lock, image)
+    before = cu128_lock.read_bytes()
     port = free_port()
     failing = Answers500(port)
     try:
         with pytest.raises(BuildFailure) as failure:
             registry.push(STACK.name, f"127.0.0.1:{port}", retry=registry.Retry(3, 0.01, Sleeps()),
-                          client=client, lock_path=path)
+                          client=client, lock_path=cu128_lock)
     finally:
         failing.stop()
     assert str(failure.value) == (f"push 127.0.0.1:{port}/{image['repository']}:0.5.9-cu128-abc123 failed after "
                                   f"3 attempts: registry 127.0.0.1:{port} answered HTTP 500 on /v2/")
     assert failing.requests.count("GET /v2/") == 3
-    assert path.read_bytes() == before
+    assert cu128_lock.read_bytes() == before
 
 
-def test_a_registry_that_recovers_gets_the_push(client, image, path, tmp_path, capsys, built):
+def test_a_registry_that_recovers_gets_the_push(client, image, cu128_lock, tmp_path, capsys, record_cu128):
     """Down, then answering 500, then up: two retries, then the push lands and the lock records it."""
-    built(path, image)
+    record_cu128(cu128_lock, image)
     port = free_port()
     server = Registry(tmp_path / "late", port)
     server.root.mkdir()
@@ -181,10 +167,10 @@ def test_a_registry_that_recovers_gets_the_push(client, image, path, tmp_path, c
     try:
         sleeps = Sleeps(between)
         pushed = registry.push(STACK.name, server.host, retry=registry.Retry(4, 0.01, sleeps),
-                               client=client, lock_path=path)
+                               client=client, lock_path=cu128_lock)
         assert sleeps.delays == [0.01, 0.02]
         assert pushed["digest"] == server.manifest_digest(image["repository"], "0.5.9-cu128-abc123")
-        assert lock.entry(STACK, path)["push"]["digest"] == pushed["digest"]
+        assert lock.entry(STACK, cu128_lock)["push"]["digest"] == pushed["digest"]
         err = capsys.readouterr().err
         assert "unreachable (connection refused); retrying in 0.01 s (attempt 2 of 4)" in err
         assert "answered HTTP 500 on /v2/; retrying in 0.02 s (attempt 3 of 4)" in err
@@ -192,24 +178,24 @@ def test_a_registry_that_recovers_gets_the_push(client, image, path, tmp_path, c
         server.stop()
 
 
-def test_pull_checks_the_image_against_the_lock(client, live_registry, image, path, built):
-    built(path, image)
-    registry.push(STACK.name, live_registry.host, client=client, lock_path=path)
+def test_pull_checks_the_image_against_the_lock(client, live_registry, image, cu128_lock, record_cu128):
+    record_cu128(cu128_lock, image)
+    registry.push(STACK.name, live_registry.host, client=client, lock_path=cu128_lock)
     wrong = "sha256:" + "9" * 64
-    lock.update(lambda data: data["stacks"][STACK.name]["image"].update(id=wrong), path=path)
+    lock.update(lambda data: data["stacks"][STACK.name]["image"].update(id=wrong), path=cu128_lock)
     with pytest.raises(BuildFailure, match=rf"@sha256:[0-9a-f]{{64}} is image {image['id']}, but matrix.lock records {wrong}$"):
-        registry.pull(STACK.name, client=client, lock_path=path)
+        registry.pull(STACK.name, client=client, lock_path=cu128_lock)
 
 
-def test_pull_and_push_refuse_what_the_lock_does_not_support(client, image, path, built):
+def test_pull_and_push_refuse_what_the_lock_does_not_support(client, image, cu128_lock, record_cu128):
     with pytest.raises(UserError, match=rf"^{STACK.name}: no image recorded in matrix.lock: run `builder build"):
-        registry.push(STACK.name, "127.0.0.1:5000", client=client, lock_path=path)
-    built(path, image)
-    lock.record_smoke(STACK.name, passed=False, report={"passed": False}, path=path)
+        registry.push(STACK.name, "127.0.0.1:5000", client=client, lock_path=cu128_lock)
+    record_cu128(cu128_lock, image)
+    lock.record_smoke(STACK.name, passed=False, report={"passed": False}, path=cu128_lock)
     with pytest.raises(UserError, match=rf"^{STACK.name}: image {image['id']} has not passed smoke"):
-        registry.push(STACK.name, "127.0.0.1:5000", client=client, lock_path=path)
+        registry.push(STACK.name, "127.0.0.1:5000", client=client, lock_path=cu128_lock)
     with pytest.raises(UserError, match=rf"^{STACK.name}: matrix.lock records no push; run `builder push"):
-        registry.pull(STACK.name, client=client, lock_path=path)
+        registry.pull(STACK.name, client=client, lock_path=cu128_lock)
     with pytest.raises(UserError, match="give host\\[:port\\]\\[/namespace\\], without a scheme"):
         registry.split_registry("https://127.0.0.1:5000")
 
@@ -227,13 +213,13 @@ def test_daemon_messages_are_classified(message, transient):
     assert registry.is_transient(message) is transient
 
 
-def test_push_without_a_docker_daemon_says_how_to_start_it(path, monkeypatch, capsys, tmp_path, record_image):
-    record_image(STACK, "sha256:" + "1" * 64, ["t:1"], path)
-    before = path.read_bytes()
+def test_push_without_a_docker_daemon_says_how_to_start_it(cu128_lock, monkeypatch, capsys, tmp_path, record_image):
+    record_image(STACK, "sha256:" + "1" * 64, ["t:1"], cu128_lock)
+    before = cu128_lock.read_bytes()
     monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-daemon.sock")
     assert main(["push", STACK.name, "--registry", "127.0.0.1:5000"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("builder: error: Docker daemon not running (")
     assert err.endswith("start it with scripts/setup-host (or run `dockerd &` as root)\n")
     assert err.count("\n") == 1
-    assert path.read_bytes() == before
+    assert cu128_lock.read_bytes() == before

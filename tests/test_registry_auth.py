@@ -16,23 +16,9 @@ from builder.cli.main import main
 from builder.config.matrix import load_matrix
 from builder.errors import BuildFailure, UserError
 
-from support import REPO, Registry, TokenIssuer, resolution_of
+from support import REPO, Registry, TokenIssuer
 
 STACK = load_matrix(REPO / "matrix.toml").stack("sglang-0.5.9-cu128")
-
-
-@pytest.fixture
-def path(tmp_path, monkeypatch):
-    """A lock whose cu128 entry is resolved; `built` records the test image in it."""
-    lock_path = tmp_path / "matrix.lock"
-    monkeypatch.setenv("BUILDER_LOCK", str(lock_path))
-    lock.lock_stacks([STACK], path=lock_path, resolver=resolution_of)
-    return lock_path
-
-
-@pytest.fixture
-def built(record_image):
-    return lambda path, image: record_image(STACK, image["id"], [image["immutable"]], path)
 
 pytestmark = pytest.mark.engine
 
@@ -86,60 +72,60 @@ def test_the_registry_really_wants_a_login(secured):
     assert registry_auth.parse_challenge(response.headers["WWW-Authenticate"]) == ("basic", {"realm": "builder-test"})
 
 
-def test_right_credentials_push(client, secured, image, path, tmp_path, monkeypatch, built):
+def test_right_credentials_push(client, secured, image, cu128_lock, tmp_path, monkeypatch, record_cu128):
     docker_config(tmp_path, monkeypatch, secured.host, USER)
-    built(path, image)
-    pushed = registry.push(STACK.name, secured.host, client=client, lock_path=path)
+    record_cu128(cu128_lock, image)
+    pushed = registry.push(STACK.name, secured.host, client=client, lock_path=cu128_lock)
     assert manifest_config_digest(secured, image["repository"]) == image["id"]
-    assert lock.entry(STACK, path)["push"]["digest"] == pushed["digest"]
+    assert lock.entry(STACK, cu128_lock)["push"]["digest"] == pushed["digest"]
     # The same image again: the probe reads the tag (authenticated) and finds this very image.
-    assert registry.push(STACK.name, secured.host, client=client, lock_path=path)["digest"] == pushed["digest"]
+    assert registry.push(STACK.name, secured.host, client=client, lock_path=cu128_lock)["digest"] == pushed["digest"]
 
 
-def test_an_existing_immutable_tag_is_refused(client, secured, image, path, tmp_path, monkeypatch, built):
+def test_an_existing_immutable_tag_is_refused(client, secured, image, cu128_lock, tmp_path, monkeypatch, record_cu128):
     """Anonymously the registry answers 401 to everything: read as 'absent', the tag would move."""
     docker_config(tmp_path, monkeypatch, secured.host, USER)
-    built(path, image)
-    registry.push(STACK.name, secured.host, client=client, lock_path=path)
+    record_cu128(cu128_lock, image)
+    registry.push(STACK.name, secured.host, client=client, lock_path=cu128_lock)
     client.api.import_image_from_data(b"\0" * 2048, repository=image["repository"], tag="other")
     other_id = client.images.get(f"{image['repository']}:other").id
     try:
-        built(path, {**image, "id": other_id})
-        before = path.read_bytes()
+        record_cu128(cu128_lock, {**image, "id": other_id})
+        before = cu128_lock.read_bytes()
         with pytest.raises(BuildFailure, match=rf"already names another image \({image['id']}\); "
                                                "immutable tags are never moved$"):
-            registry.push(STACK.name, secured.host, client=client, lock_path=path)
-        assert path.read_bytes() == before
+            registry.push(STACK.name, secured.host, client=client, lock_path=cu128_lock)
+        assert cu128_lock.read_bytes() == before
         assert manifest_config_digest(secured, image["repository"]) == image["id"]
     finally:
         client.images.remove(other_id, force=True)
 
 
-def test_missing_credentials_are_one_clear_line(client, secured, image, path, tmp_path, monkeypatch, capsys, built):
+def test_missing_credentials_are_one_clear_line(client, secured, image, cu128_lock, tmp_path, monkeypatch, capsys, record_cu128):
     docker_config(tmp_path, monkeypatch, secured.host, None)
-    built(path, image)
-    before = path.read_bytes()
+    record_cu128(cu128_lock, image)
+    before = cu128_lock.read_bytes()
     assert main(["push", STACK.name, "--registry", secured.host]) == 2
     err = capsys.readouterr().err
     assert err == (f"builder: error: {secured.host} needs a login to tell whether {image['repository']}:{TAG} "
                    f"exists, and {tmp_path}/docker-config/config.json has no credentials for it: "
                    f"run `docker login {secured.host}`\n")
-    assert path.read_bytes() == before
+    assert cu128_lock.read_bytes() == before
     missing = requests.get(f"http://{secured.host}/v2/{image['repository']}/manifests/{TAG}",
                            auth=(USER, PASSWORD), timeout=10)
     assert missing.status_code == 404  # nothing was pushed
 
 
-def test_refused_credentials_are_one_clear_line(client, secured, image, path, tmp_path, monkeypatch, built):
+def test_refused_credentials_are_one_clear_line(client, secured, image, cu128_lock, tmp_path, monkeypatch, record_cu128):
     docker_config(tmp_path, monkeypatch, secured.host, USER, password="wrong")
-    built(path, image)
-    before = path.read_bytes()
+    record_cu128(cu128_lock, image)
+    before = cu128_lock.read_bytes()
     with pytest.raises(UserError) as refusal:
-        registry.push(STACK.name, secured.host, client=client, lock_path=path)
+        registry.push(STACK.name, secured.host, client=client, lock_path=cu128_lock)
     assert str(refusal.value) == (
         f"{secured.host} refused the credentials in {tmp_path}/docker-config/config.json for reading "
         f"{image['repository']}:{TAG} (HTTP 401): run `docker login {secured.host}` again")
-    assert path.read_bytes() == before
+    assert cu128_lock.read_bytes() == before
 
 
 # ---- token auth: the registry sends a Bearer challenge; a token service signs the tokens ----------
@@ -167,36 +153,36 @@ def bearer_manifest_digest(server: Registry, repository: str) -> str:
     return response.json()["config"]["digest"]
 
 
-def test_bearer_challenge_token_push_and_the_immutable_tag(client, token_secured, image, path, tmp_path,
-                                                           monkeypatch, built):
+def test_bearer_challenge_token_push_and_the_immutable_tag(client, token_secured, image, cu128_lock, tmp_path,
+                                                           monkeypatch, record_cu128):
     server = token_secured
     scheme, params = registry_auth.parse_challenge(requests.get(f"http://{server.host}/v2/", timeout=10)
                                                    .headers["WWW-Authenticate"])
     assert (scheme, params["realm"], params["service"]) == ("bearer", server.token.realm, server.token.service)
     docker_config(tmp_path, monkeypatch, server.host, USER)
-    built(path, image)
-    pushed = registry.push(STACK.name, server.host, client=client, lock_path=path)
+    record_cu128(cu128_lock, image)
+    pushed = registry.push(STACK.name, server.host, client=client, lock_path=cu128_lock)
     assert bearer_manifest_digest(server, image["repository"]) == image["id"]
     assert any(f"scope=repository%3A{image['repository']}%3Apull" in r for r in server.token.requests)
-    assert registry.push(STACK.name, server.host, client=client, lock_path=path)["digest"] == pushed["digest"]
+    assert registry.push(STACK.name, server.host, client=client, lock_path=cu128_lock)["digest"] == pushed["digest"]
     client.api.import_image_from_data(b"\0" * 4096, repository=image["repository"], tag="other")
     other_id = client.images.get(f"{image['repository']}:other").id
     try:
-        built(path, {**image, "id": other_id})
+        record_cu128(cu128_lock, {**image, "id": other_id})
         with pytest.raises(BuildFailure, match=rf"already names another image \({image['id']}\)"):
-            registry.push(STACK.name, server.host, client=client, lock_path=path)
+            registry.push(STACK.name, server.host, client=client, lock_path=cu128_lock)
         assert bearer_manifest_digest(server, image["repository"]) == image["id"]
     finally:
         client.images.remove(other_id, force=True)
 
 
-def test_a_token_service_that_refuses_the_credentials_refuses_the_push(client, token_secured, image, path,
-                                                                       tmp_path, monkeypatch, built):
+def test_a_token_service_that_refuses_the_credentials_refuses_the_push(client, token_secured, image, cu128_lock,
+                                                                       tmp_path, monkeypatch, record_cu128):
     server = token_secured
     docker_config(tmp_path, monkeypatch, server.host, USER, password="wrong")
-    built(path, image)
-    before = path.read_bytes()
+    record_cu128(cu128_lock, image)
+    before = cu128_lock.read_bytes()
     with pytest.raises(UserError, match=rf"^{server.host} refused the credentials in .*config.json for reading "
                                         rf"{image['repository']}:{TAG} \(HTTP 401\): run `docker login"):
-        registry.push(STACK.name, server.host, client=client, lock_path=path)
-    assert path.read_bytes() == before
+        registry.push(STACK.name, server.host, client=client, lock_path=cu128_lock)
+    assert cu128_lock.read_bytes() == before

@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -165,7 +164,3 @@ def assemble(inputs: BuildInputs, root: Path, destination: Path) -> Path:
         directory.chmod(0o755)
         os.utime(directory, (epoch, epoch))
     return destination / inputs.dockerfile
-
-
-def discard(destination: Path) -> None:
-    shutil.rmtree(destination, ignore_errors=True)
