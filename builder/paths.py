@@ -16,12 +16,21 @@ VENV = "/opt/venv"
 VENV_PYTHON = f"{VENV}/bin/python"
 TOOLS_DIR = "/opt/builder"  # stack.json, patches, requirements and the in-image tools (runtime/)
 
+# The locked wheels: a directory of the build context, mounted read-only into the install steps.
+WHEELS_CONTEXT_DIR = "wheels"
+WHEELS_MOUNT = "/run/wheels"
+
 # The base `builder base` makes with mmdebstrap, named after the matrix's [local_base].
 LOCAL_BASE_REPOSITORY = "localhost/builder-base"
 
 
 def local_base_tag(name: str) -> str:
     return f"{LOCAL_BASE_REPOSITORY}:{name}"
+
+
+def cache_root() -> Path:
+    """What the builder downloads, kept across runs: $BUILDER_CACHE, else ~/.cache/builder."""
+    return Path(os.environ.get("BUILDER_CACHE") or Path.home() / ".cache" / "builder")
 
 
 @dataclass(frozen=True)

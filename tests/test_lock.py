@@ -145,20 +145,22 @@ def test_entry_records_base_epoch_hashes_overrides_and_references(path):
     assert entry["bench"]["reference"][0]["hardware"]["gpus"] == 8
 
 
-def test_requirements_for_renders_groups_with_hashes(path):
+def test_requirements_for_renders_groups_pinned_to_the_locked_files(path):
+    """One hash per distribution, the locked file's, and no index or URL: the build installs with
+    --no-index from a directory holding exactly those files (builder/image/wheel_cache.py)."""
     extra = dist("filelock", "3.20.0", "torch", hashes=("a" * 64, "b" * 64))
     locked(path, CU130, extra)
     texts = lock.requirements_for(CU130, path)
     assert list(texts) == ["torch", "kernels", "sglang"]
     torch_text = texts["torch"]
     assert torch_text.startswith("# sglang-0.5.9-cu130, install group torch: generated from matrix.lock")
-    assert "--extra-index-url https://download.pytorch.org/whl/cu130\n" in torch_text
-    assert f"filelock==3.20.0 \\\n    --hash=sha256:{'a' * 64} \\\n    --hash=sha256:{'b' * 64}\n" in torch_text
+    chosen = ('filelock'.encode().hex() * 64)[:64]  # the file the lock chose (support.dist)
+    assert f"filelock==3.20.0 \\\n    --hash=sha256:{chosen}\n" in torch_text
+    assert 'a' * 64 not in torch_text and 'b' * 64 not in torch_text
     assert torch_text.index("filelock==") < torch_text.index("torch==2.9.1+cu130")
-    kernel = CU130.package("sgl-kernel")
-    assert f"sgl-kernel @ {kernel.url} \\\n    --hash=sha256:" in texts["kernels"]
-    assert "--extra-index-url https://flashinfer.ai/whl/cu130\n" in texts["kernels"]
-    assert "--extra-index-url" not in texts["sglang"]
+    assert "sgl-kernel==0.3.21+cu130 \\\n    --hash=sha256:" in texts["kernels"]
+    for text in texts.values():
+        assert "--extra-index-url" not in text and "@" not in text and "://" not in text
     assert "sglang==0.5.9 \\\n" in texts["sglang"]
 
 

@@ -1,8 +1,9 @@
 """buildah: the default engine. Daemonless, and `buildah build --timestamp` makes clean rebuilds
 bit-identical (same image ID), which the Docker 20.10 daemon's builders cannot.
 
-A build runs in buildah's storage, then the image is copied into the local Docker daemon
-(`buildah push ID docker-daemon:TAG`) so `docker run` works. That copy keeps the config blob
+A build runs in buildah's storage, then the image is copied into the local Docker daemon so
+`docker run` works: only the layers the daemon lacks (engine/delivery.py), or the whole image
+(`buildah push ID docker-daemon:TAG`) when it holds none. Either copy keeps the config blob
 byte-for-byte, so the image ID (the digest, see engine/base.py) is the same on both sides.
 """
 
@@ -18,6 +19,7 @@ import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
+from builder.engine import delivery
 from builder.engine.process import run_quiet, run_streaming
 from builder.engine.protocol import (
     BuildRequest,
@@ -112,9 +114,9 @@ class BuildahEngine:
             )
             image_id = _normalise_id(iidfile.read_text().strip())
         built = time.monotonic()
-        self._apply_tags(image_id, request.tags)
-        deliver_s = time.monotonic() - built
         info = self.inspect(image_id)
+        delivered = self._apply_tags(info, request.tags)
+        deliver_s = time.monotonic() - built
         return BuildResult(
             image_id=image_id,
             tags=request.tags,
@@ -122,6 +124,7 @@ class BuildahEngine:
             layers=info.layers,
             duration_s=round(time.monotonic() - started, 1),
             deliver_s=round(deliver_s, 1),
+            delivered_bytes=delivered,
         )
 
     def _check_single_names(self, request: BuildRequest) -> None:
@@ -140,9 +143,12 @@ class BuildahEngine:
                     f"which name buildah records; remove the extra names (buildah rmi NAME)"
                 )
 
-    def _apply_tags(self, image_id: str, tags: tuple[str, ...]) -> None:
+    def _apply_tags(self, info: ImageInfo, tags: tuple[str, ...]) -> int:
         """Tag in buildah's storage and copy into the daemon; on any failure or Ctrl-C, put every
-        tag back where it was, so no tag points at an image that was not fully delivered."""
+        tag back where it was, so no tag points at an image that was not fully delivered. Returns
+        the bytes written into the daemon."""
+        image_id = info.image_id
+        delivered = 0
         previous = {tag: self._image_id_or_none(tag) for tag in tags}
         previous_daemon = (
             {tag: self.daemon.image_id(tag) for tag in tags} if self.export_to_docker else {}
@@ -154,12 +160,13 @@ class BuildahEngine:
                     # Delivered by an earlier build of the same inputs: copying gigabytes again adds nothing.
                     self.daemon.tag(image_id, tags[0])
                 else:
-                    self._push_to_daemon(image_id, tags[0])
+                    delivered = self._deliver(info, tags[0])
                 for tag in tags[1:]:
                     self.daemon.tag(image_id, tag)
         except BaseException:
             self._restore_tags(previous, previous_daemon)
             raise
+        return delivered
 
     def _restore_tags(self, previous: dict, previous_daemon: dict) -> None:
         for tag, old_id in previous.items():
@@ -173,11 +180,30 @@ class BuildahEngine:
             else:
                 self.daemon.tag(old_id, tag)
 
-    def _push_to_daemon(self, image_id: str, tag: str) -> None:
-        run_quiet(
-            self._global_args() + ["push", "--quiet", image_id, f"docker-daemon:{tag}"],
-            f"copying {tag} into the Docker daemon",
-        )
+    def _deliver(self, info: ImageInfo, tag: str) -> int:
+        """Only the layers the daemon lacks when it holds some; the whole image when it holds none
+        or the partial copy fails. Returns the bytes moved."""
+        diff_ids = [layer.diff_id for layer in info.layers]
+        skip = delivery.layers_to_skip(diff_ids, delivery.held_chains(self.daemon.client))
+        moved = None
+        if skip:
+            try:
+                moved = delivery.deliver_new_layers(
+                    self._global_args(), info.image_id, diff_ids, skip, tag, self.daemon.load_stream,
+                    Path(tempfile.gettempdir()),
+                ).bytes_moved
+            except (BuildFailure, OSError):
+                moved = None  # the full copy below still gets the image there
+        if moved is None:
+            run_quiet(
+                self._global_args() + ["push", "--quiet", info.image_id, f"docker-daemon:{tag}"],
+                f"copying {tag} into the Docker daemon",
+            )
+            moved = sum(layer.size or 0 for layer in info.layers)
+        self._check_delivered(info.image_id, tag)
+        return moved
+
+    def _check_delivered(self, image_id: str, tag: str) -> None:
         copied = self.daemon.image_id(tag)
         if copied != image_id:
             raise BuildFailure(
@@ -230,9 +256,10 @@ class BuildahEngine:
     def tag(self, ref: str, new_tag: str) -> None:
         run_quiet(self._global_args() + ["tag", ref, new_tag], f"buildah tag {ref} {new_tag}")
         if self.export_to_docker:
-            image_id = self.image_digest(ref)
+            info = self.inspect(ref)
+            image_id = info.image_id
             if self.daemon.image_id(image_id) is None:
-                self._push_to_daemon(image_id, new_tag)
+                self._deliver(info, new_tag)
             else:
                 self.daemon.tag(image_id, new_tag)
 

@@ -99,6 +99,16 @@ class DockerDaemon:
             raise BuildFailure(f"{archive}: expected one image, docker loaded {len(images)}")
         return images[0].id
 
+    def load_stream(self, stream) -> str:
+        """`docker load` of a docker-archive read from a binary stream; the id it loaded."""
+        try:
+            images = self.client.images.load(stream)
+        except (docker.errors.APIError, docker.errors.ImageLoadError) as error:
+            raise BuildFailure(f"docker load failed: {_short(error)}") from None
+        if len(images) != 1:
+            raise BuildFailure(f"expected one image from docker load, got {len(images)}")
+        return images[0].id
+
     def save(self, ref: str, archive: Path) -> None:
         try:
             chunks = self.client.api.get_image(ref)

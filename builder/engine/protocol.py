@@ -109,6 +109,8 @@ class BuildResult:
     duration_s: float  # the whole build, delivery included
     # Of which copying the image into the Docker daemon (0 when it was already there or not asked for).
     deliver_s: float = 0.0
+    # What delivery wrote into the Docker daemon; 0 where the engine builds inside the daemon.
+    delivered_bytes: int = 0
 
 
 class ImageStore(Protocol):

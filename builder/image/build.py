@@ -19,7 +19,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from builder.engine import host_network
-from builder.image import context, immutable, provenance, render, sbom, smoke_gate, tags
+from builder.image import context, immutable, provenance, render, sbom, smoke_gate, tags, wheel_cache
 from builder.publish import lock
 from builder.engine import get_engine
 from builder.engine.protocol import BuildRequest, BuildResult, Engine
@@ -27,7 +27,7 @@ from builder.errors import BuildFailure, UserError
 from builder.files import write_atomic
 from builder.engine.progress import Progress
 from builder.config.stack import Stack
-from builder.paths import Project
+from builder.paths import WHEELS_CONTEXT_DIR, Project
 
 @dataclass(frozen=True)
 class BuildOutcome:
@@ -40,9 +40,16 @@ class BuildOutcome:
     durations_s: dict
 
 
+def needs_network(stack: Stack) -> bool:
+    """Only a registry base's apt step reaches out; wheels come from the host's cache. A row with no
+    such step builds with no network at all, online or offline alike, so both give one image (the
+    engines write /etc/hosts and resolv.conf stubs into RUN layers only when a network is attached)."""
+    return not stack.base.local
+
+
 def build_request(stack: Stack, context_dir: Path, dockerfile: Path, candidate: str, no_cache: bool,
                   progress: Progress) -> BuildRequest:
-    network = host_network.host_network()
+    network = host_network.host_network() if needs_network(stack) else host_network.HostNetwork()
     return BuildRequest(
         context_dir=context_dir,
         dockerfile=dockerfile,
@@ -51,9 +58,35 @@ def build_request(stack: Stack, context_dir: Path, dockerfile: Path, candidate: 
         build_args={"SOURCE_DATE_EPOCH": str(stack.source_date_epoch)},
         add_hosts=network.add_hosts,
         secrets=network.secrets,
+        network=None if needs_network(stack) else "none",
         no_cache=no_cache,
         progress=progress.line,
     )
+
+
+def fetch_wheels(stack: Stack, entry: dict, cache: wheel_cache.WheelCache, offline: bool,
+                 progress: Progress) -> wheel_cache.FillReport:
+    """Every locked wheel into the host's cache before the engine starts; --offline only checks."""
+    wheels = wheel_cache.locked_wheels(entry)
+    if offline:
+        if needs_network(stack):
+            raise UserError(f"{stack.name}: --offline cannot build on {stack.base.image}: its apt step needs the "
+                            f"network; build the --local-base row")
+        cache.require(wheels, stack.name)
+        return wheel_cache.FillReport(len(wheels), 0, 0)
+    absent = len(cache.missing(wheels))
+    if absent:
+        progress.stage(f"{stack.name}: fetching {absent} of {len(wheels)} locked wheels into {cache.root}")
+    return cache.fill(wheels, entry["python"], stack.name)
+
+
+def stage_context(inputs: context.BuildInputs, root: Path, entry: dict, cache: wheel_cache.WheelCache,
+                  context_dir: Path) -> Path:
+    """The engine's context: exactly the hashed files, and the entry's wheels for the install steps'
+    read-only mount (their hashes are in the hashed requirements). Returns the Dockerfile."""
+    dockerfile = context.assemble(inputs, root, context_dir)
+    cache.link_into(wheel_cache.locked_wheels(entry), context_dir / WHEELS_CONTEXT_DIR)
+    return dockerfile
 
 
 def check_base(stack: Stack, engine: Engine, digest: str) -> None:
@@ -104,17 +137,46 @@ def write_report(path: Path, stack: Stack, inputs: context.BuildInputs, result: 
     write_atomic(path, json.dumps(report, indent=2, sort_keys=True) + "\n")
 
 
-def _build_in_context(engine: Engine, stack: Stack, inputs: context.BuildInputs, root: Path, candidate: str,
-                      no_cache: bool, progress: Progress) -> BuildResult:
-    with tempfile.TemporaryDirectory(prefix="builder-context-") as scratch:
+def _build_in_context(engine: Engine, stack: Stack, inputs: context.BuildInputs, root: Path, entry: dict,
+                      cache: wheel_cache.WheelCache, candidate: str, no_cache: bool, progress: Progress) -> BuildResult:
+    # Beside the wheel cache, so the wheels are hard-linked into the context rather than copied.
+    cache.root.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="builder-context-", dir=cache.root) as scratch:
         context_dir = Path(scratch) / "context"
-        dockerfile = context.assemble(inputs, root, context_dir)
+        dockerfile = stage_context(inputs, root, entry, cache, context_dir)
         return engine.build(build_request(stack, context_dir, dockerfile, candidate, no_cache, progress))
 
 
-def build_stack(stack: Stack, engine: Engine, progress: Progress, project: Project,
-                no_cache: bool = False) -> BuildOutcome:
+def recorded_smoke(entry: dict, image_id: str) -> dict | None:
+    """The passing smoke report the lock already holds for exactly this image, if any."""
+    smoke = entry.get("smoke") or {}
+    if smoke.get("image_id") == image_id and smoke.get("passed") and isinstance(smoke.get("report"), dict):
+        return smoke["report"]
+    return None
+
+
+def _smoke(stack: Stack, entry: dict, image_id: str, candidate: str, resmoke: bool, progress: Progress,
+           durations: dict) -> dict:
+    """The checks run in the candidate, unless the lock holds a pass for this very image id: the id is
+    the image's content, so running them again could only repeat that answer (--resmoke does anyway)."""
+    known = None if resmoke else recorded_smoke(entry, image_id)
+    if known is not None:
+        progress.stage(f"{stack.name}: smoke checks passed before for {image_id} (matrix.lock); --resmoke runs them")
+        durations["smoke"] = 0.0
+        return known
+    progress.stage(f"{stack.name}: smoke checks in {candidate}")
+    started = time.monotonic()
+    report = smoke_gate.run_in_image(candidate)
+    durations["smoke"] = round(time.monotonic() - started, 1)
+    progress.block(report.table())
+    return report.to_dict()
+
+
+def build_stack(stack: Stack, engine: Engine, progress: Progress, project: Project, no_cache: bool = False,
+                cache: wheel_cache.WheelCache | None = None, offline: bool = False,
+                resmoke: bool = False) -> BuildOutcome:
     root, lock_path = project.root, project.lock
+    cache = cache or wheel_cache.WheelCache()
     render.require_locked(stack, root)
     entry = lock.check_current(stack, lock_path)
     base_digest = lock.base_digest(stack, entry)
@@ -124,17 +186,14 @@ def build_stack(stack: Stack, engine: Engine, progress: Progress, project: Proje
     immutable_tag, moving = tags.immutable_tag(stack, inputs.hash), tags.moving_tag(stack)
     report_path = project.reports / f"{stack.name}.json"
     started_on, started = datetime.now(timezone.utc), time.monotonic()
+    fetched = fetch_wheels(stack, entry, cache, offline, progress)
+    durations = {"fetch_wheels": round(time.monotonic() - started, 1)}
     progress.stage(f"{stack.name}: building {immutable_tag}")
-    result = _build_in_context(engine, stack, inputs, root, candidate, no_cache, progress)
-    durations = {"build": result.duration_s, "deliver_to_docker": result.deliver_s}
+    result = _build_in_context(engine, stack, inputs, root, entry, cache, candidate, no_cache, progress)
+    durations.update(build=result.duration_s, deliver_to_docker=result.deliver_s)
     try:
         immutable.check(engine, immutable_tag, result.image_id)
-        progress.stage(f"{stack.name}: smoke checks in {candidate}")
-        smoke_started = time.monotonic()
-        report = smoke_gate.run_in_image(candidate)
-        durations["smoke"] = round(time.monotonic() - smoke_started, 1)
-        smoke_result = report.to_dict()
-        progress.block(report.table())
+        smoke_result = _smoke(stack, entry, result.image_id, candidate, resmoke, progress, durations)
         if not smoke_result["passed"]:
             lock.record_smoke(stack.name, passed=False, report=smoke_result, image_id=result.image_id, path=lock_path)
             raise BuildFailure(f"{stack.name}: smoke checks failed; {immutable_tag} not tagged")
@@ -150,7 +209,9 @@ def build_stack(stack: Stack, engine: Engine, progress: Progress, project: Proje
         inputs, image_id=result.image_id, immutable_tag=immutable_tag, engine=engine.name,
         engine_version=engine.version(), source=provenance.source_state(root), distributions=entry["distributions"],
         started=started_on, finished=datetime.now(timezone.utc), durations_s=durations,
-        external={"engine": engine.name, "no_cache": no_cache, "local_base": stack.base.local},
+        external={"engine": engine.name, "no_cache": no_cache, "local_base": stack.base.local, "offline": offline,
+                  "wheels_downloaded": fetched.downloaded, "wheel_bytes_downloaded": fetched.downloaded_bytes,
+                  "delivered_bytes": result.delivered_bytes},
     )
     provenance_path = provenance.write(report_path, statement)
     lock.record_build(stack, lock.ImageRecord(
@@ -158,7 +219,8 @@ def build_stack(stack: Stack, engine: Engine, progress: Progress, project: Proje
         source_date_epoch=stack.source_date_epoch, report=_relative(report_path, root),
         provenance=_relative(provenance_path, root), sbom=_relative(sbom_path, root),
     ), smoke_result, lock_path)
-    progress.stage(f"{stack.name}: {immutable_tag} = {result.image_id} ({durations['total']} s)")
+    progress.stage(f"{stack.name}: {immutable_tag} = {result.image_id} ({durations['total']} s; wheels downloaded: "
+                   f"{fetched.downloaded_bytes} bytes; delivered to Docker: {result.delivered_bytes} bytes)")
     return BuildOutcome(stack.name, result.image_id, immutable_tag, moving, report_path, provenance_path, durations)
 
 
@@ -166,14 +228,15 @@ def _relative(path: Path, root: Path) -> str:
     return path.relative_to(root).as_posix()
 
 
-def build_all(stacks: tuple[Stack, ...], engine_name: str, project: Project,
-              no_cache: bool = False) -> list[BuildOutcome]:
+def build_all(stacks: tuple[Stack, ...], engine_name: str, project: Project, no_cache: bool = False,
+              offline: bool = False, resmoke: bool = False) -> list[BuildOutcome]:
     if not stacks:
         raise UserError("no stack selected")
     engine = get_engine(engine_name)
     engine.check()
     progress = Progress.for_environment()
-    return [build_stack(stack, engine, progress, project, no_cache) for stack in stacks]
+    cache = wheel_cache.WheelCache()
+    return [build_stack(stack, engine, progress, project, no_cache, cache, offline, resmoke) for stack in stacks]
 
 
 def default_engine() -> str:

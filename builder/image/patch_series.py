@@ -23,6 +23,7 @@ from pathlib import Path
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
+from builder import paths
 from builder.errors import BuildFailure, UserError
 from builder.files import sha256_file
 from builder.runtime import apply_patch
@@ -109,9 +110,8 @@ def patch_header(path: Path) -> str:
 
 
 def cache_dir() -> Path:
-    """Downloaded wheels: $BUILDER_CACHE/dists, else ~/.cache/builder/dists."""
-    root = os.environ.get("BUILDER_CACHE") or Path.home() / ".cache" / "builder"
-    return Path(root) / "dists"
+    """Upstream wheels the patch check unpacks: <cache root>/dists."""
+    return paths.cache_root() / "dists"
 
 
 def _cached_wheel(directory: Path, distribution: str, version: str) -> Path | None:

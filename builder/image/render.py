@@ -21,7 +21,7 @@ from builder.config.stack import GROUP_ORDER, Stack
 from builder.errors import UserError
 from builder.files import write_atomic
 from builder.image import patch_series
-from builder.paths import TOOLS_DIR, VENV, Project
+from builder.paths import TOOLS_DIR, VENV, WHEELS_CONTEXT_DIR, WHEELS_MOUNT, Project
 from builder.publish import lock
 
 IMAGES = "images"
@@ -182,6 +182,7 @@ def render_stack(stack: Stack, project: Project, requirements: RequirementsSourc
         stack=stack,
         context=context,
         venv=VENV,
+        wheels={"context": WHEELS_CONTEXT_DIR, "mount": WHEELS_MOUNT},
         site_packages=site_packages(stack),
         groups=[{"name": g, "file": GROUP_FILES[g], "title": GROUP_TITLES[g]} for g in GROUP_ORDER],
         patches=patches,

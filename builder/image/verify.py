@@ -16,7 +16,7 @@ import tarfile
 from pathlib import Path
 
 from builder.engine import host_network
-from builder.image import build, context, layer_diff, render, tags
+from builder.image import build, context, layer_diff, render, tags, wheel_cache
 from builder.publish import lock
 from builder.engine import get_engine
 from builder.engine.protocol import BuildRequest, ImageInfo, Layer
@@ -67,8 +67,10 @@ def verify_stack(stack: Stack, project: Project) -> layer_diff.Comparison:
     inputs = context.build_inputs(stack, root, lock.base_digest(stack, entry))
     progress = Progress.for_environment()
     progress.stage(f"{stack.name}: two builds from empty storage")
+    cache = wheel_cache.WheelCache()
+    build.fetch_wheels(stack, entry, cache, offline=False, progress=progress)  # once, for both builds
     workdir = _scratch(root, stack.name)
-    dockerfile = context.assemble(inputs, root, workdir / "context")
+    dockerfile = build.stage_context(inputs, root, entry, cache, workdir / "context")
     request = build.build_request(stack, workdir / "context", dockerfile, tags.candidate_tag(stack, inputs.hash),
                                   True, progress)
     return _twice(request, [stack.base.image], workdir)
@@ -155,7 +157,9 @@ def verify_against_lock(matrix: Matrix, name: str, local_base: bool) -> layer_di
         inputs = context.build_inputs(stack, export, lock.base_digest(stack, entry))
         progress = Progress.for_environment()
         progress.stage(f"{stack.name}: one build of HEAD from empty storage, against {image['id']}")
-        dockerfile = context.assemble(inputs, export, workdir / "context")
+        cache = wheel_cache.WheelCache()
+        build.fetch_wheels(stack, entry, cache, offline=False, progress=progress)
+        dockerfile = build.stage_context(inputs, export, entry, cache, workdir / "context")
         request = build.build_request(stack, workdir / "context", dockerfile, tags.candidate_tag(stack, inputs.hash),
                                       True, progress)
         bases = _export_bases([stack.base.image], workdir)

@@ -229,8 +229,10 @@ def check_current(stack: Stack, path: Path) -> dict:
 
 
 def requirements_for(stack: Stack | str, path: Path) -> dict[str, str] | None:
-    """{group: requirements.txt text with --hash lines} for pip --require-hashes --no-deps, or None
-    when the stack was never locked. Given a Stack (not just a name), a stale entry is refused."""
+    """{group: requirements.txt text} for pip --no-index --require-hashes --no-deps, or None when the
+    stack was never locked. Given a Stack (not just a name), a stale entry is refused. One hash per
+    distribution, the locked file's: the build's wheel directory holds exactly that file, and pip
+    must install nothing else. Where each file came from (index, URL) is the wheel cache's business."""
     found = entry(stack, path)
     if found is None:
         return None
@@ -240,14 +242,9 @@ def requirements_for(stack: Stack | str, path: Path) -> dict[str, str] | None:
     for group in GROUP_ORDER:
         members = {name: item for name, item in sorted(found["distributions"].items()) if item["group"] == group}
         lines = [f"# {found['stack']}, install group {group}: generated from matrix.lock (`builder lock`).",
-                 "# The lock holds the whole closure: install with --require-hashes --no-deps."]
-        for index in found["indexes"]:
-            if any(item["source"] == index for item in members.values()):
-                lines.append(f"--extra-index-url {index}")
+                 "# The lock holds the whole closure: install with --no-index --require-hashes --no-deps."]
         for name, item in members.items():
-            requirement = f"{name} @ {item['url']}" if item.get("url") else f"{name}=={item['version']}"
-            hashes = [f"    --hash=sha256:{sha}" for sha in item["hashes"]]
-            lines.append(" \\\n".join([requirement, *hashes]))
+            lines.append(f"{name}=={item['version']} \\\n    --hash=sha256:{item['sha256']}")
         texts[group] = "\n".join(lines) + "\n"
     return texts
 

@@ -10,12 +10,19 @@ def register(subparsers) -> None:
     parser.add_argument("--engine", default=build.default_engine(), choices=["buildah", "docker"],
                         help="container engine (default: %(default)s; BUILDER_ENGINE overrides)")
     parser.add_argument("--no-cache", action="store_true", help="build every layer afresh")
+    parser.add_argument("--offline", action="store_true",
+                        help="no network at all: every locked wheel must already be in the wheel cache "
+                             "(`builder fetch`); local-base rows only")
+    parser.add_argument("--resmoke", action="store_true",
+                        help="run the smoke checks even when matrix.lock holds a pass for this exact image id")
     parser.set_defaults(func=run)
 
 
 def run(args) -> int:
     matrix = arguments.load(args)
     stacks = matrix.select(args.stack, args.local_base)
-    for outcome in build.build_all(stacks, args.engine, matrix.project, no_cache=args.no_cache):
+    outcomes = build.build_all(stacks, args.engine, matrix.project, no_cache=args.no_cache, offline=args.offline,
+                               resmoke=args.resmoke)
+    for outcome in outcomes:
         print(f"{outcome.stack}: {outcome.immutable_tag} {outcome.image_id}")
     return 0

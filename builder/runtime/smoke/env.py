@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import threading
 import os
 import signal
 import subprocess
@@ -83,6 +84,7 @@ class Environment:
         # offset plants a wrong expectation, which those checks must report.
         self.gpu_expect_offset = gpu_expect_offset
         self._torch: dict | None = None
+        self._torch_lock = threading.Lock()  # checks run concurrently; probe torch once
 
     @property
     def stack(self) -> str:
@@ -124,13 +126,14 @@ class Environment:
 
         {"error": "..."} when torch cannot be imported.
         """
-        if self._torch is None:
-            child = run_python(["-c", _TORCH_PROBE])
-            if child.ok:
-                self._torch = json.loads(child.stdout.strip().splitlines()[-1])
-            else:
-                self._torch = {"error": child.reason()}
-        return self._torch
+        with self._torch_lock:
+            if self._torch is None:
+                child = run_python(["-c", _TORCH_PROBE])
+                if child.ok:
+                    self._torch = json.loads(child.stdout.strip().splitlines()[-1])
+                else:
+                    self._torch = {"error": child.reason()}
+            return self._torch
 
     def driver_present(self) -> bool:
         """Whether the NVIDIA driver's libcuda.so.1 is visible to the loader (a GPU container)."""

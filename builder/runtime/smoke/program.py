@@ -15,6 +15,8 @@ Standard library only; runs as the module builder.runtime.smoke (its __main__ ca
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
+import os
 import sys
 import traceback
 
@@ -22,7 +24,7 @@ from builder.runtime import stackinfo
 from builder.runtime.smoke import abi, arch, gpu, imports, launch_command, patches, report, versions
 from builder.runtime.smoke.env import Environment
 
-# In the order they run: cheap facts first, the GPU last.
+# In the order they are reported (they run concurrently): cheap facts first, the GPU last.
 CHECKS = {
     "versions": versions.run,
     "imports": imports.run,
@@ -47,17 +49,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def run_checks(env: Environment, names: list[str]) -> list[report.Result]:
-    results: list[report.Result] = []
-    for name in names:
-        try:
-            results.extend(CHECKS[name](env))
-        except Exception as error:  # a bug in one check must not hide the others' results
-            where = traceback.extract_tb(error.__traceback__)[-1]
-            results.append(report.failed(
-                name, f"check crashed: {type(error).__name__}: {error} "
-                      f"({where.filename.rsplit('/', 1)[-1]}:{where.lineno})"))
-    return results
+def run_checks(env: Environment, names: list[str], workers: int | None = None) -> list[report.Result]:
+    """The checks side by side (their work is child interpreters, so threads overlap it on every
+    core); the report keeps the order of `names`, whatever finishes first."""
+    workers = workers or max(2, os.cpu_count() or 1)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
+        futures = [pool.submit(_run_one, env, name) for name in names]
+        return [result for future in futures for result in future.result()]
+
+
+def _run_one(env: Environment, name: str) -> list[report.Result]:
+    try:
+        return CHECKS[name](env)
+    except Exception as error:  # a bug in one check must not hide the others' results
+        where = traceback.extract_tb(error.__traceback__)[-1]
+        return [report.failed(
+            name, f"check crashed: {type(error).__name__}: {error} "
+                  f"({where.filename.rsplit('/', 1)[-1]}:{where.lineno})")]
 
 
 def main(argv: list[str] | None = None) -> int:
