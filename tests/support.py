@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import hashlib
 import http.server
 import json
 import shutil
@@ -71,6 +72,11 @@ def resolution_of(stack, *extra):
                      for group in ("torch", "kernels", "sglang") for p in stack.packages_in_group(group)]
     return Resolution(stack.python, PLATFORM, indexes, "unsafe-best-match" if indexes else "first-index",
                       tuple(sorted([*distributions, *extra], key=lambda d: d.name)))
+
+
+def base_digest_of(image: str) -> str:
+    """A made-up manifest digest for a registry base, as `builder lock` records one without a registry."""
+    return "sha256:" + hashlib.sha256(image.encode()).hexdigest()
 
 
 def bench_report(mode="eagle3", tok_s=55.0, verdict="pass", stack="sglang-0.5.9-cu128"):
