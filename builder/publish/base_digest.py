@@ -57,11 +57,11 @@ def parse(image: str) -> BaseImage:
     return BaseImage(registry, repository, tag)
 
 
-def resolve(image: str, retry: Retry = RETRY) -> str:
+def resolve(image: str, retry: Retry | None = None) -> str:
     """The manifest digest the registry's tag names now; UserError naming the base when it cannot say."""
     base = parse(image)
     credentials = registry_auth.docker_credentials(base.registry)
-    return retry.run(f"resolving base {image}", lambda: _manifest_digest(image, base, credentials))
+    return (retry or RETRY).run(f"resolving base {image}", lambda: _manifest_digest(image, base, credentials))
 
 
 def _manifest_digest(image: str, base: BaseImage, credentials: registry_auth.Credentials | None) -> str:
