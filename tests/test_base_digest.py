@@ -6,6 +6,7 @@ answering 500."""
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hashlib
 import io
 import json
@@ -15,6 +16,7 @@ from urllib.parse import urljoin
 import pytest
 import requests
 
+from builder.config.stack import Base
 from builder.errors import UserError
 from builder.publish import base_digest
 from builder.publish.registry_http import Retry
@@ -184,3 +186,17 @@ def test_malformed_references_are_refused(image, message):
     with pytest.raises(UserError) as refused:
         base_digest.parse(image)
     assert str(refused.value) == f"base {image}: {message}"
+
+
+@pytest.mark.parametrize("image, digest, expected", [
+    ("nvidia/cuda:13.0.1-cudnn-devel-ubuntu24.04", "sha256:" + "a" * 64, "nvidia/cuda@sha256:" + "a" * 64),
+    ("127.0.0.1:5000/nvidia/cuda:13.0.1", "sha256:" + "b" * 64, "127.0.0.1:5000/nvidia/cuda@sha256:" + "b" * 64),
+    ("127.0.0.1:5000/cuda", "sha256:" + "c" * 64, "127.0.0.1:5000/cuda@sha256:" + "c" * 64),
+    ("debian:bookworm", "sha256:" + "d" * 64, "debian@sha256:" + "d" * 64),
+    ("nvidia/cuda:13.0.1-cudnn-devel-ubuntu24.04", "", "nvidia/cuda:13.0.1-cudnn-devel-ubuntu24.04"),
+])
+def test_from_names_a_registry_base_by_digest_once_resolved(image, digest, expected):
+    """name@digest without the tag: buildah's pull refuses a reference with both."""
+    base = Base("b", image, "3.12", "/usr/bin/python3.12", (), "13.0.1", False)
+    assert base.reference(digest) == expected
+    assert dataclasses.replace(base, local=True).reference(digest) == image

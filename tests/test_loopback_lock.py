@@ -97,7 +97,9 @@ def test_render_writes_hashed_requirements_and_the_pinned_base(locked):
     project, found = locked["project"], locked["entry"]["distributions"]
     folder = project.root / "images" / project.stack
     dockerfile = (folder / "Dockerfile").read_text()
-    assert f"\nFROM {project.base_image}@{locked['entry']['base']['digest']}\n" in dockerfile
+    pinned = project.base_image.removesuffix(":13.0.1-cudnn-devel-ubuntu24.04") + "@" + locked["entry"]["base"]["digest"]
+    assert (f"\n# {project.base_image}, pinned to the digest `builder lock` resolved (matrix.lock).\n"
+            f"FROM {pinned}\n") in dockerfile
     torch = (folder / "requirements" / "10-torch.txt").read_text()
     assert torch.splitlines()[2:] == [
         f"--extra-index-url {project.torch_index}",

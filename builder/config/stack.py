@@ -70,9 +70,14 @@ class Base:
     local: bool
 
     def reference(self, digest: str) -> str:
-        """What FROM names: a registry base pinned by the digest `builder lock` resolved; the local base
-        by its tag (it is in no registry: the build checks the image id behind the tag instead)."""
-        return f"{self.image}@{digest}" if digest and not self.local else self.image
+        """What FROM names and CI pulls: a registry base as name@digest once `builder lock` resolved the
+        digest (buildah's pull takes no tag beside a digest); the local base by its tag (it is in no
+        registry: the build checks the image id behind the tag instead)."""
+        if not digest or self.local:
+            return self.image
+        folder, _, last = self.image.rpartition("/")
+        name = last.partition(":")[0]
+        return f"{folder}/{name}@{digest}" if folder else f"{name}@{digest}"
 
 
 @dataclass(frozen=True)
