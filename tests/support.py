@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import hashlib
 import http.server
 import json
 import shutil
@@ -71,6 +72,11 @@ def resolution_of(stack, *extra):
                      for group in ("torch", "kernels", "sglang") for p in stack.packages_in_group(group)]
     return Resolution(stack.python, PLATFORM, indexes, "unsafe-best-match" if indexes else "first-index",
                       tuple(sorted([*distributions, *extra], key=lambda d: d.name)))
+
+
+def base_digest_of(image: str) -> str:
+    """A made-up manifest digest for a registry base, as `builder lock` records one without a registry."""
+    return "sha256:" + hashlib.sha256(image.encode()).hexdigest()
 
 
 def bench_report(mode="eagle3", tok_s=55.0, verdict="pass", stack="sglang-0.5.9-cu128"):
@@ -148,12 +154,13 @@ def _b64url(data: bytes) -> str:
 
 class TokenIssuer:
     """A token service as Docker Hub and Distribution's token auth speak it, on 127.0.0.1: GET /token
-    with HTTP basic credentials answers {"token": JWT} for the asked scope; the JWT is RS256-signed
+    with HTTP basic credentials answers {"token": JWT} for the asked scope (with `anonymous_pull`, one
+    without credentials gets a token for pulling only); the JWT is RS256-signed
     (openssl) with its certificate in the x5c header, which the registry checks against the bundle."""
 
     service, issuer = "builder-test-registry", "builder-test-issuer"
 
-    def __init__(self, directory: Path, port: int, user: str, password: str):
+    def __init__(self, directory: Path, port: int, user: str, password: str, anonymous_pull: bool = False):
         directory.mkdir(parents=True, exist_ok=True)
         self.key, self.certificate = directory / "token.key", directory / "token.pem"
         subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(self.key),
@@ -174,12 +181,14 @@ class TokenIssuer:
                 url = urllib.parse.urlsplit(self.path)
                 query = urllib.parse.parse_qs(url.query)
                 issuer.requests.append(self.path)
-                if url.path != "/token" or self.headers.get("Authorization") != expected:
+                # Docker Hub's way with public images: a pull-only token for whoever asks without a login.
+                anonymous = anonymous_pull and "Authorization" not in self.headers
+                if url.path != "/token" or (self.headers.get("Authorization") != expected and not anonymous):
                     self.send_response(401)
                     self.send_header("Content-Length", "0")
                     self.end_headers()
                     return
-                body = json.dumps({"token": issuer.sign(query.get("scope", []))}).encode()
+                body = json.dumps({"token": issuer.sign(query.get("scope", []), pull_only=anonymous)}).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
@@ -189,11 +198,12 @@ class TokenIssuer:
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
-    def sign(self, scopes: list[str]) -> str:
+    def sign(self, scopes: list[str], pull_only: bool = False) -> str:
         access = []
         for scope in scopes:
             kind, name, actions = scope.split(":", 2) if scope.count(":") >= 2 else (scope, "", "")
-            access.append({"type": kind, "name": name, "actions": [a for a in actions.split(",") if a]})
+            granted = [a for a in actions.split(",") if a and (a == "pull" or not pull_only)]
+            access.append({"type": kind, "name": name, "actions": granted})
         now = int(time.time())
         header = {"typ": "JWT", "alg": "RS256", "x5c": [self.x5c]}
         claims = {"iss": self.issuer, "sub": "builder", "aud": self.service, "exp": now + 300, "nbf": now - 10,

@@ -16,7 +16,7 @@ from builder.config import reference_figures
 from builder.publish import lock
 from builder.errors import BuildFailure, UserError
 from builder.config.matrix import load_matrix
-from support import IMAGE, OTHER_IMAGE, bench_report, dist, resolution_of
+from support import IMAGE, OTHER_IMAGE, base_digest_of, bench_report, dist, resolution_of
 
 REPO = Path(__file__).resolve().parent.parent
 MATRIX = load_matrix(REPO / "matrix.toml")
@@ -28,7 +28,7 @@ def path(tmp_path):
 
 
 def locked(path, stack=CU128, *extra):
-    lock.lock_stacks([stack], path=path, resolver=lambda s: resolution_of(s, *extra),
+    lock.lock_stacks([stack], path=path, resolver=lambda s: resolution_of(s, *extra), base_resolver=base_digest_of,
                      references=reference_figures.load(MATRIX.project.reference_figures, stacks=MATRIX.all_rows()))
 
 
@@ -135,7 +135,7 @@ def test_entry_records_base_epoch_hashes_overrides_and_references(path):
     entry = lock.entry(CU128, path)
     assert entry["status"] == "resolved"
     assert entry["base"] == {"name": "cuda-12.8.1", "image": "nvidia/cuda:12.8.1-cudnn-devel-ubuntu24.04",
-                             "digest": "", "local": False}
+                             "digest": base_digest_of("nvidia/cuda:12.8.1-cudnn-devel-ubuntu24.04"), "local": False}
     assert entry["source_date_epoch"] == 1767225600
     assert entry["distributions"]["flashinfer-python"]["version"] == "0.6.4"
     assert entry["distributions"]["flashinfer-python"]["group"] == "kernels"
@@ -258,17 +258,34 @@ def test_rebuilding_the_recorded_image_keeps_what_was_learnt_about_it(path):
     assert after == before and after["status"] == "pinned" and after["image"]["digest"] == "sha256:" + "d" * 64
 
 
-def test_relocking_the_same_distributions_keeps_the_image_and_the_base_digest(path):
+def test_relocking_the_same_distributions_on_the_same_base_keeps_the_image(path):
     locked(path)
-    assert lock.record_base("debian-bookworm", "sha256:" + "e" * 64, path=path) == []
-    lock.record_base("cuda-12.8.1", "sha256:" + "e" * 64, path=path)
     built(path)
     locked(path)
     assert lock.entry(CU128, path)["status"] == "smoke-passed"
-    assert lock.entry(CU128, path)["base"]["digest"] == "sha256:" + "e" * 64
     locked(path, CU128, dist("new-dependency", "1.0", "sglang"))
     entry = lock.entry(CU128, path)
     assert (entry["status"], entry["image"]) == ("resolved", None)
+
+
+def test_a_registry_base_whose_tag_moved_starts_the_entry_over(path):
+    locked(path)
+    built(path)
+    moved = "sha256:" + "e" * 64
+    lock.lock_stacks([CU128], path=path, resolver=resolution_of, base_resolver=lambda image: moved)
+    entry = lock.entry(CU128, path)
+    assert (entry["status"], entry["image"], entry["base"]["digest"]) == ("resolved", None, moved)
+
+
+def test_relocking_a_local_row_keeps_the_digest_builder_base_recorded(path):
+    local = MATRIX.stack("sglang-0.5.9-cu128-local")
+    asked = []
+    lock.lock_stacks([local], path=path, resolver=resolution_of, base_resolver=asked.append)
+    assert lock.entry(local, path)["base"]["digest"] == ""
+    assert lock.record_base("debian-bookworm", "sha256:" + "e" * 64, path=path) == [local.name]
+    lock.lock_stacks([local], path=path, resolver=resolution_of, base_resolver=asked.append)
+    assert lock.entry(local, path)["base"]["digest"] == "sha256:" + "e" * 64
+    assert asked == []  # the local base is in no registry
 
 
 def test_bench_regression_is_recorded_and_refuses_the_pin(path, tmp_path):

@@ -8,14 +8,7 @@ resolves the real stack rows against the real index.
 
 from __future__ import annotations
 
-import base64
 import dataclasses
-import functools
-import hashlib
-import http.server
-import socket
-import threading
-import zipfile
 from pathlib import Path
 
 import pytest
@@ -24,82 +17,18 @@ from builder.publish import lock, resolve
 from builder.errors import UserError
 from builder.config.matrix import load_matrix
 from builder.config.stack import Override, Package
+from loopback_index import LoopbackServer, make_wheel, sha256_of
+from support import base_digest_of, free_port
 
 REPO = Path(__file__).resolve().parent.parent
 ROW = load_matrix(REPO / "matrix.toml").stack("sglang-0.5.9-cu128")
 
 
-def make_wheel(directory: Path, name: str, version: str, requires: tuple[str, ...] = ()) -> Path:
-    """A minimal valid wheel: METADATA, WHEEL, RECORD and one module."""
-    dist = name.replace("-", "_")
-    info = f"{dist}-{version}.dist-info"
-    files = {
-        f"{dist}/__init__.py": "",
-        f"{info}/METADATA": "Metadata-Version: 2.1\n"
-        f"Name: {name}\nVersion: {version}\n" + "".join(f"Requires-Dist: {r}\n" for r in requires),
-        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
-    }
-    record = []
-    for path, text in files.items():
-        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
-        record.append(f"{path},sha256={digest},{len(text.encode())}")
-    files[f"{info}/RECORD"] = "\n".join([*record, f"{info}/RECORD,,"]) + "\n"
-    wheel = directory / f"{dist}-{version}-py3-none-any.whl"
-    directory.mkdir(parents=True, exist_ok=True)
-    with zipfile.ZipFile(wheel, "w") as archive:
-        for path, text in files.items():
-            archive.writestr(zipfile.ZipInfo(path, (2026, 1, 1, 0, 0, 0)), text)
-    return wheel
-
-
-def sha256_of(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def publish(root: Path, index: str, wheels: list[Path]) -> None:
-    """A PEP 503 simple index at root/<index>/simple/<name>/ linking the wheels with their sha256."""
-    by_name: dict[str, list[Path]] = {}
-    for wheel in wheels:
-        by_name.setdefault(wheel.name.split("-")[0].replace("_", "-"), []).append(wheel)
-    for name, files in by_name.items():
-        page = root / index / "simple" / name / "index.html"
-        page.parent.mkdir(parents=True, exist_ok=True)
-        links = "".join(
-            f'<a href="/{w.relative_to(root).as_posix()}#sha256={sha256_of(w)}">{w.name}</a>\n' for w in files
-        )
-        page.write_text(f"<!DOCTYPE html><html><body>\n{links}</body></html>\n")
-
-
-class _Handler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, *args) -> None:  # keep pytest output clean
-        pass
-
-    def _broken(self) -> bool:
-        if self.path.startswith("/broken/"):
-            self.send_error(500, "Internal Server Error")
-            return True
-        return False
-
-    def do_GET(self) -> None:
-        if not self._broken():
-            super().do_GET()
-
-    def do_HEAD(self) -> None:
-        if not self._broken():
-            super().do_HEAD()
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def indexes(tmp_path_factory):
     """A default index and an extra index on loopback, plus a wheel published at a bare URL."""
-    root = tmp_path_factory.mktemp("indexes")
-    files = root / "files"
+    server = LoopbackServer(tmp_path_factory.mktemp("indexes"))
+    files = server.root / "files"
     default = [
         make_wheel(files / "default", "demo-app", "1.0", ("demo-dep==1.0", "demo-lib>=1.0")),
         make_wheel(files / "default", "demo-dep", "1.0"),
@@ -114,21 +43,14 @@ def indexes(tmp_path_factory):
         make_wheel(files / "extra", "demo-lib", "0.9"),
     ]
     direct = make_wheel(files / "direct", "demo-kernel", "1.0", ("demo-accel", "demo-kernel-extra"))
-    publish(root, "default", default)
-    publish(root, "extra", extra)
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Handler, directory=str(root)))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    base = f"http://127.0.0.1:{server.server_address[1]}"
     yield {
-        "base": base,
-        "default": f"{base}/default/simple",
-        "extra": f"{base}/extra/simple",
-        "direct_url": f"{base}/{direct.relative_to(root).as_posix()}",
+        "base": server.url,
+        "default": server.publish("default/simple", default),
+        "extra": server.publish("extra/simple", extra),
+        "direct_url": server.file_url(direct),
         "files": {w.name: w for w in [*default, *extra, direct]},
     }
-    server.shutdown()
-    server.server_close()
+    server.stop()
 
 
 @pytest.fixture
@@ -184,7 +106,7 @@ def test_resolves_closure_with_hashes_sources_and_groups(demo):
 def test_requirements_texts_install_each_group_with_hashes(demo, tmp_path):
     stack = demo_stack(demo)
     path = tmp_path / "matrix.lock"
-    lock.lock_stacks([stack], path=path)
+    lock.lock_stacks([stack], path=path, base_resolver=base_digest_of)
     texts = lock.requirements_for(stack, path)
     accel, kernel = demo["files"]["demo_accel-2.0+cu999-py3-none-any.whl"], demo["files"]["demo_kernel-1.0-py3-none-any.whl"]
     assert f"--extra-index-url {demo['extra']}\n" in texts["torch"]
@@ -205,10 +127,11 @@ def test_without_the_override_the_declared_pin_conflicts(demo):
 def test_unreachable_extra_index_is_one_line_and_writes_nothing(demo, tmp_path):
     dead = f"http://127.0.0.1:{free_port()}/simple"
     path = tmp_path / "matrix.lock"
-    lock.lock_stacks([demo_stack(demo)], path=path)
+    lock.lock_stacks([demo_stack(demo)], path=path, base_resolver=base_digest_of)
     before = path.read_bytes()
     with pytest.raises(UserError) as failure:
-        lock.lock_stacks([demo_stack(demo), demo_stack(demo, extra_index=dead)], path=path)
+        lock.lock_stacks([demo_stack(demo), demo_stack(demo, extra_index=dead)], path=path,
+                         base_resolver=base_digest_of)
     assert str(failure.value) == (
         f"demo-row: cannot reach package index {dead} (connection refused); nothing was locked")
     assert path.read_bytes() == before

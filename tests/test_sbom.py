@@ -23,6 +23,7 @@ from builder.publish import lock
 from builder.errors import BuildFailure
 from builder.config.matrix import load_matrix
 from builder.publish.resolve import PLATFORM, Distribution, Resolution
+from support import base_digest_of
 
 REPO = Path(__file__).resolve().parent.parent
 STACK = load_matrix(REPO / "matrix.toml").stack("sglang-0.5.9-cu128")
@@ -149,7 +150,7 @@ def test_sbom_of_a_real_image_written_with_the_locked_hashes(python_image, tmp_p
         locked_distribution("packaging", versions["packaging"]),
     ))
     path = tmp_path / "matrix.lock"
-    lock.lock_stacks([STACK], path=path, resolver=lambda s: resolution)
+    lock.lock_stacks([STACK], path=path, resolver=lambda s: resolution, base_resolver=base_digest_of)
     target = sbom.sbom_path(tmp_path / "build-reports" / f"{STACK.name}.json")
     written = sbom.write_bom(target, STACK.name, image_id, lock.entry(STACK, path), client=client)
     assert written == tmp_path / "build-reports" / f"{STACK.name}.cdx.json"
@@ -158,11 +159,12 @@ def test_sbom_of_a_real_image_written_with_the_locked_hashes(python_image, tmp_p
     every = json.loads(text)["components"]
     components = {c["name"]: c for c in every if c["purl"].startswith("pkg:pypi/")}
     assert sorted(components) == ["jinja2", "markupsafe", "packaging"]
-    # This image has no dpkg status: no system packages. The base is the lock's, not pinned yet.
+    # This image has no dpkg status: no system packages. The base is the lock's, with the digest it resolved.
     assert [c for c in every if c["purl"].startswith("pkg:deb/")] == []
     base = next(c for c in every if c["type"] == "container")
-    assert base["name"] == STACK.base.image and "version" not in base
-    assert base["purl"] == "pkg:oci/cuda?repository_url=nvidia/cuda&tag=12.8.1-cudnn-devel-ubuntu24.04"
+    digest = base_digest_of(STACK.base.image)
+    assert base["name"] == STACK.base.image and base["version"] == digest
+    assert base["purl"] == (f"pkg:oci/cuda@{digest}?repository_url=nvidia/cuda&tag=12.8.1-cudnn-devel-ubuntu24.04")
     assert components["packaging"]["hashes"][0]["content"] == resolution.distributions[1].sha256
     assert "hashes" not in components["jinja2"] and "hashes" not in components["markupsafe"]
     assert components["jinja2"]["version"] == versions["jinja2"]

@@ -13,18 +13,20 @@ def as_json(stacks: tuple[Stack, ...]) -> str:
     return json.dumps([stack.to_dict() for stack in stacks], indent=2, sort_keys=True)
 
 
-def as_github(stacks: tuple[Stack, ...]) -> str:
-    include = [{"stack": s.name, "cuda": s.cuda, "base": s.base.name, "base_image": s.base.reference,
-                "local_base": s.base.local} for s in stacks]
+def as_github(stacks: tuple[Stack, ...], base_digests: dict[str, str]) -> str:
+    """base_image is what the row's Dockerfile names FROM (by digest once the lock has one)."""
+    include = [{"stack": s.name, "cuda": s.cuda, "base": s.base.name,
+                "base_image": s.base.reference(base_digests.get(s.name, "")), "local_base": s.base.local}
+               for s in stacks]
     return json.dumps({"include": include}, sort_keys=True, separators=(",", ":"))
 
 
-def as_table(stacks: tuple[Stack, ...]) -> str:
+def as_table(stacks: tuple[Stack, ...], base_digests: dict[str, str]) -> str:
     header = ["stack", "base", "cuda", "python", *_TABLE_PACKAGES, "arch"]
     rows = []
     for stack in stacks:
         versions = [(stack.package(n).version if stack.package(n) else "-") for n in _TABLE_PACKAGES]
-        base = stack.base.name + ("" if stack.base.local or stack.base.digest else " (unpinned)")
+        base = stack.base.name + ("" if stack.base.local or base_digests.get(stack.name) else " (unpinned)")
         rows.append([stack.name, base, stack.cuda, stack.python, *versions, ",".join(stack.target_arch)])
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     lines = ["  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip() for row in [header, *rows]]

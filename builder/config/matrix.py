@@ -329,19 +329,17 @@ class _Loader:
             close = difflib.get_close_matches(name, list(bases), n=1)
             self.problem(self._axis_path(index, axes, ("base",)),
                          f"unknown base '{name}'" + (f" (did you mean '{close[0]}'?)" if close else ""))
-            return Base(name, name, "", "0.0", "", (), "0.0", False)
+            return Base(name, name, "0.0", "", (), "0.0", False)
         spec = bases[name]
         for key, pattern, example in (("cuda", _CUDA, "13.0.1"), ("python", _PYTHON, "3.12")):
             if not pattern.fullmatch(spec[key]):
                 self.problem(("bases", name, key), f"base {name}: {key} '{spec[key]}' must look like '{example}'")
-        if spec["digest"] and not re.fullmatch(r"sha256:[0-9a-f]{64}", spec["digest"]):
-            self.problem(("bases", name, "digest"), f"base {name}: digest must be 'sha256:' and 64 hex digits")
-        return Base(name, spec["image"], spec["digest"], spec["python"], spec["venv_python"],
+        return Base(name, spec["image"], spec["python"], spec["venv_python"],
                     tuple(spec.get("system_packages", ())), spec["cuda"], False)
 
     def _local_base(self) -> Base:
         spec = self.document["local_base"]
-        return Base(spec["name"], local_base_tag(spec["name"]), "", spec["python"],
+        return Base(spec["name"], local_base_tag(spec["name"]), spec["python"],
                     spec["venv_python"], (), None, True)
 
     def _axis_path(self, index: int, axes: tuple, sub: tuple) -> tuple:

@@ -101,7 +101,6 @@ MATRIX = Table({
     }), required=True),
     "bases": Field(TableMap(Table({
         "image": Field(str, required=True),
-        "digest": Field(str, required=True),
         "cuda": Field(str, required=True),
         "python": Field(str, required=True),
         "venv_python": Field(str, required=True),

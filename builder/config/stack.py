@@ -63,17 +63,21 @@ class Base:
 
     name: str
     image: str  # "nvidia/cuda:13.0.1-cudnn-devel-ubuntu24.04", or the local base's tag
-    digest: str  # "sha256:..." once pinned; "" while unpinned
     python: str  # interpreter major.minor the base provides
     venv_python: str  # interpreter that creates /opt/venv
     system_packages: tuple[str, ...]  # apt packages the build adds to a registry base
     cuda: str | None  # CUDA toolkit in the base; None for the local base
     local: bool
 
-    @property
-    def reference(self) -> str:
-        """What FROM names: pinned by digest where one is known."""
-        return f"{self.image}@{self.digest}" if self.digest else self.image
+    def reference(self, digest: str) -> str:
+        """What FROM names and CI pulls: a registry base as name@digest once `builder lock` resolved the
+        digest (buildah's pull takes no tag beside a digest); the local base by its tag (it is in no
+        registry: the build checks the image id behind the tag instead)."""
+        if not digest or self.local:
+            return self.image
+        folder, _, last = self.image.rpartition("/")
+        name = last.partition(":")[0]
+        return f"{folder}/{name}@{digest}" if folder else f"{name}@{digest}"
 
 
 @dataclass(frozen=True)

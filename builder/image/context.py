@@ -133,7 +133,7 @@ def build_inputs(stack: Stack, root: Path, base_digest: str) -> BuildInputs:
         stack=stack.name,
         dockerfile=relative,
         dockerfile_text=text,
-        base_reference=stack.base.reference,
+        base_reference=stack.base.image,
         base_digest=base_digest,
         source_date_epoch=stack.source_date_epoch,
         files=context_files(text, root),

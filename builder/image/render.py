@@ -35,6 +35,8 @@ GROUP_TITLES = {
 
 # group -> requirements text with hashes, or None when the stack has no lock entry yet.
 RequirementsSource = Callable[[Stack], "dict[str, str] | None"]
+# The base digest the lock records for the stack ("" when none).
+BaseDigestSource = Callable[[Stack], str]
 
 
 @dataclass(frozen=True)
@@ -170,7 +172,8 @@ def _environment(templates: Path) -> jinja2.Environment:
     )
 
 
-def render_stack(stack: Stack, project: Project, requirements: RequirementsSource) -> dict[str, str]:
+def render_stack(stack: Stack, project: Project, requirements: RequirementsSource,
+                 base_digest: BaseDigestSource) -> dict[str, str]:
     """Every file of images/<stack>/, relative path -> content."""
     patches = rendered_patches(stack, project.patches)
     references = mode_references(stack, project.reference_figures)
@@ -180,6 +183,7 @@ def render_stack(stack: Stack, project: Project, requirements: RequirementsSourc
     serve_port = next((m.args.get("port") for m in stack.serve.modes if "port" in m.args), 30000)
     dockerfile = _environment(project.templates).get_template("Dockerfile.j2").render(
         stack=stack,
+        base_reference=stack.base.reference(base_digest(stack)),
         context=context,
         venv=VENV,
         wheels={"context": WHEELS_CONTEXT_DIR, "mount": WHEELS_MOUNT},
@@ -199,11 +203,13 @@ def render_stack(stack: Stack, project: Project, requirements: RequirementsSourc
 
 def render_all(stacks: tuple[Stack, ...], project: Project,
                requirements: RequirementsSource | None = None) -> dict[str, str]:
-    """Every rendered file of `stacks`; requirements come from the project's lock unless given."""
+    """Every rendered file of `stacks`; requirements and base digests come from the project's lock
+    (requirements may be given instead)."""
     requirements = requirements or lock_requirements(project.lock)
+    base_digest = lock_base_digest(project.lock)
     files: dict[str, str] = {}
     for stack in stacks:
-        files.update(render_stack(stack, project, requirements))
+        files.update(render_stack(stack, project, requirements, base_digest))
     return dict(sorted(files.items()))
 
 
@@ -247,6 +253,10 @@ def require_locked(stack: Stack, root: Path) -> None:
             raise UserError(f"{stack.name}: not rendered; run `builder render --stack {stack.name}`")
         if not is_locked(path.read_text(encoding="utf-8")):
             raise UserError(f"{stack.name}: not locked; run `builder lock --stack {stack.name}` then `builder render`")
+
+
+def lock_base_digest(lock_path: Path) -> BaseDigestSource:
+    return lambda stack: lock.base_digest(stack, lock.entry(stack, lock_path))
 
 
 def lock_requirements(lock_path: Path) -> RequirementsSource:

@@ -27,6 +27,7 @@ from typing import Callable, Iterator
 
 from builder.errors import BuildFailure, UserError
 from builder.files import TEMP_SUFFIX, write_atomic
+from builder.publish import base_digest as registry_base
 from builder.publish.resolve import Resolution, resolve
 from builder.config.stack import GROUP_ORDER, Stack
 
@@ -150,11 +151,14 @@ def lock_stacks(
     path: Path,
     resolver: Callable[[Stack], Resolution] = resolve,
     references: dict[str, list[dict]] | None = None,
+    base_resolver: Callable[[str], str] = registry_base.resolve,
 ) -> list[str]:
-    """Resolve every stack, then record them all in one write: one unreachable index and nothing
-    is written. An image built from the same distributions keeps its record; otherwise the entry
-    starts over at `resolved`. Returns a line per stack for the user."""
+    """Resolve every stack and its registry base's digest, then record them all in one write: one
+    unreachable index or registry and nothing is written. An image built from the same distributions
+    on the same base keeps its record; otherwise the entry starts over at `resolved`. Returns a line
+    per stack for the user."""
     resolutions = [(stack, resolver(stack)) for stack in stacks]
+    digests = _registry_base_digests(stacks, base_resolver)
     lines: list[str] = []
 
     def change(data: dict) -> None:
@@ -171,8 +175,8 @@ def lock_stacks(
                 "overrides": [
                     {**asdict(o), "version": stack.package(o.package).version} for o in stack.overrides
                 ],
-                "base": {"name": stack.base.name, "image": stack.base.image, "digest": stack.base.digest,
-                         "local": stack.base.local},
+                "base": {"name": stack.base.name, "image": stack.base.image,
+                         "digest": digests.get(stack.base.image, ""), "local": stack.base.local},
                 "source_date_epoch": stack.source_date_epoch,
                 "distributions": distributions,
                 "resolution_hash": hashlib.sha256(json.dumps(distributions, sort_keys=True).encode()).hexdigest(),
@@ -182,8 +186,8 @@ def lock_stacks(
                 "push": None,
                 "bench": {"reference": (references or {}).get(stack.name, []), "measured": []},
             }
-            if previous and not fresh["base"]["digest"] and _same_base(previous["base"], fresh["base"]):
-                fresh["base"]["digest"] = previous["base"]["digest"]  # learnt by a pull or `builder base`
+            if stack.base.local and previous and _same_base(previous["base"], fresh["base"]):
+                fresh["base"]["digest"] = previous["base"]["digest"]  # what `builder base` made and recorded
             unchanged = bool(previous) and previous.get("resolution_hash") == fresh["resolution_hash"] \
                 and previous.get("base") == fresh["base"]
             if unchanged:
@@ -201,6 +205,18 @@ def lock_stacks(
     return lines
 
 
+def _registry_base_digests(stacks, base_resolver: Callable[[str], str]) -> dict[str, str]:
+    """{image: manifest digest} of every registry base the stacks name, each asked once."""
+    digests: dict[str, str] = {}
+    for stack in stacks:
+        if not stack.base.local and stack.base.image not in digests:
+            try:
+                digests[stack.base.image] = base_resolver(stack.base.image)
+            except UserError as error:
+                raise UserError(f"{stack.name}: {error}; nothing was locked") from None
+    return digests
+
+
 def _same_base(one: dict, other: dict) -> bool:
     return all(one.get(key) == other.get(key) for key in ("name", "image", "local"))
 
@@ -213,8 +229,11 @@ def _group_counts(distributions: dict) -> str:
 
 
 def base_digest(stack: Stack, found: dict | None) -> str:
-    """The base digest an image's inputs name: the lock's (learnt by `builder base` or a pull), else the matrix's."""
-    return ((found or {}).get("base") or {}).get("digest") or stack.base.digest
+    """The base digest the lock entry records for the stack's base (resolved by `builder lock`, or
+    made by `builder base`); "" when it records none, or records it for another base."""
+    recorded = (found or {}).get("base") or {}
+    current = {"name": stack.base.name, "image": stack.base.image, "local": stack.base.local}
+    return recorded.get("digest") or "" if _same_base(recorded, current) else ""
 
 
 def check_current(stack: Stack, path: Path) -> dict:
@@ -253,8 +272,8 @@ def requirements_for(stack: Stack | str, path: Path) -> dict[str, str] | None:
 
 
 def record_base(base_name: str, digest: str, path: Path) -> list[str]:
-    """The digest of a base image once known (a registry pull, or `builder base` for the local
-    base), in every locked stack built on it; returns those stacks."""
+    """The digest `builder base` made the local base with, in every locked stack built on it; returns
+    those stacks."""
     updated: list[str] = []
 
     def change(data: dict) -> None:

@@ -8,11 +8,7 @@ checked against the lock: same manifest digest, same image id.
 from __future__ import annotations
 
 import re
-import sys
-import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import docker
 import docker.errors
@@ -21,16 +17,8 @@ import requests
 from builder.engine.daemon import docker_client
 from builder.errors import BuildFailure, UserError
 from builder.publish import lock, registry_auth
+from builder.publish.registry_http import ACCEPT_MANIFESTS, Retry, TransientError, api_get, reason
 
-ATTEMPTS = 4
-BASE_DELAY_S = 2.0
-PROBE_TIMEOUT_S = 10
-_MANIFEST_TYPES = ", ".join([
-    "application/vnd.docker.distribution.manifest.v2+json",
-    "application/vnd.oci.image.manifest.v1+json",
-    "application/vnd.docker.distribution.manifest.list.v2+json",
-    "application/vnd.oci.image.index.v1+json",
-])
 # What the daemon says when the registry (or the way to it) failed, not the request.
 _TRANSIENT = re.compile(
     r"connection refused|connection reset|i/o timeout|timeout|EOF|no route to host|"
@@ -38,30 +26,6 @@ _TRANSIENT = re.compile(
     r"Service Unavailable|Gateway Timeout)|TLS handshake|server misbehaving",
     re.IGNORECASE,
 )
-
-
-class TransientError(Exception):
-    """A failure worth retrying: the registry could not be reached or answered 5xx."""
-
-
-@dataclass(frozen=True)
-class Retry:
-    attempts: int = ATTEMPTS
-    base_delay_s: float = BASE_DELAY_S
-    sleep: Callable[[float], None] = time.sleep
-
-    def run(self, what: str, action: Callable[[], object]):
-        for attempt in range(1, self.attempts + 1):
-            try:
-                return action()
-            except TransientError as error:
-                if attempt == self.attempts:
-                    raise BuildFailure(f"{what} failed after {self.attempts} attempts: {error}") from None
-                delay = self.base_delay_s * 2 ** (attempt - 1)
-                print(f"builder: {what}: {error}; retrying in {delay:g} s "
-                      f"(attempt {attempt + 1} of {self.attempts})", file=sys.stderr)
-                self.sleep(delay)
-        raise AssertionError("unreachable")
 
 
 def is_transient(message: str) -> bool:
@@ -87,28 +51,9 @@ def split_tag(reference: str) -> tuple[str, str]:
 # --- the registry's HTTP API, for probing only (the daemon does the transfers) -----------------
 
 
-def _api_get(host: str, path: str, headers: dict | None = None) -> requests.Response:
-    """GET https://host/path, falling back to plain http where TLS is not spoken (a loopback
-    registry, which the daemon treats as insecure). Connection failures and 5xx are transient."""
-    last: Exception | None = None
-    for scheme in ("https", "http"):
-        try:
-            response = requests.get(f"{scheme}://{host}{path}", headers=headers or {}, timeout=PROBE_TIMEOUT_S)
-        except requests.exceptions.SSLError as error:
-            last = error
-            continue
-        except requests.RequestException as error:
-            last = error
-            continue
-        if response.status_code >= 500:
-            raise TransientError(f"registry {host} answered HTTP {response.status_code} on {path}")
-        return response
-    raise TransientError(f"registry {host} unreachable ({_reason(last)})")
-
-
 def ping(host: str) -> None:
     """The registry answers /v2/ (401 counts: it is up and wants credentials)."""
-    response = _api_get(host, "/v2/")
+    response = api_get(host, "/v2/")
     if response.status_code not in (200, 401):
         raise BuildFailure(f"{host} is not a registry: /v2/ answered HTTP {response.status_code}")
 
@@ -118,15 +63,15 @@ def remote_config_digest(host: str, repository: str, tag: str,
     """The image id (config digest) the registry's tag points at; None when the tag is absent; '?'
     when it names a multi-platform index. A registry that wants a login gets one (basic or bearer);
     when it still will not say, the answer is unknown, and that refuses (UserError)."""
-    path, headers = f"/v2/{repository}/manifests/{tag}", {"Accept": _MANIFEST_TYPES}
-    response = _api_get(host, path, headers)
+    path, headers = f"/v2/{repository}/manifests/{tag}", {"Accept": ACCEPT_MANIFESTS}
+    response = api_get(host, path, headers)
     if response.status_code == 401:
         try:
             login = registry_auth.answer(response.headers.get("WWW-Authenticate", ""), credentials)
         except requests.RequestException as error:
-            raise TransientError(f"registry {host}: its token service is unreachable ({_reason(error)})") from None
+            raise TransientError(f"registry {host}: its token service is unreachable ({reason(error)})") from None
         if login is not None:
-            response = _api_get(host, path, {**headers, **login})
+            response = api_get(host, path, {**headers, **login})
     if response.status_code in (401, 403) and credentials is None:
         raise UserError(f"{host} needs a login to tell whether {repository}:{tag} exists, and "
                         f"{registry_auth.config_path()} has no credentials for it: run `docker login {host}`")
@@ -194,7 +139,7 @@ def _push_stream(client: docker.DockerClient, repository: str, tag: str, auth_co
             raise TransientError(_last_line(error)) from None
         raise BuildFailure(f"push {repository}:{tag}: {_last_line(error)}") from None
     except requests.RequestException as error:
-        raise TransientError(f"lost the Docker daemon's stream ({_reason(error)})") from None
+        raise TransientError(f"lost the Docker daemon's stream ({reason(error)})") from None
     if not digest:
         raise BuildFailure(f"push {repository}:{tag}: the daemon reported no digest")
     return digest
@@ -228,7 +173,7 @@ def pull(stack: str, registry: str | None = None, *, lock_path: Path, retry: Ret
                 raise TransientError(_last_line(error)) from None
             raise BuildFailure(f"pull {reference}: {_last_line(error)}") from None
         except requests.RequestException as error:
-            raise TransientError(f"lost the Docker daemon's stream ({_reason(error)})") from None
+            raise TransientError(f"lost the Docker daemon's stream ({reason(error)})") from None
 
     pulled = retry.run(f"pull {reference}", once)
     if pulled.id != image["id"]:
@@ -239,16 +184,6 @@ def pull(stack: str, registry: str | None = None, *, lock_path: Path, retry: Ret
     local_repository, tag = split_tag(image["immutable_tag"])
     pulled.tag(local_repository, tag)
     return {"reference": reference, "image_id": pulled.id, "tag": image["immutable_tag"]}
-
-
-def _reason(error: Exception | None) -> str:
-    text = str(error or "")
-    for needle, reason in (("Connection refused", "connection refused"),
-                           ("Name or service not known", "host name does not resolve"),
-                           ("timed out", "timed out")):
-        if needle in text:
-            return reason
-    return type(error).__name__ if error else "no answer"
 
 
 def _last_line(error: Exception) -> str:

@@ -1,6 +1,7 @@
 """`builder matrix`: show the expanded rows."""
 
 from builder.cli import arguments, views
+from builder.publish import lock
 
 
 def register(subparsers) -> None:
@@ -13,11 +14,13 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    stacks = arguments.load(args).select(args.stack, args.local_base)
+    matrix = arguments.load(args)
+    stacks = matrix.select(args.stack, args.local_base)
     if args.json:
         print(views.as_json(stacks))
-    elif args.github:
-        print(views.as_github(stacks))
-    else:
-        print(views.as_table(stacks))
+        return 0
+    # Which base digest each row's Dockerfile pins: the lock's, as `builder render` reads it.
+    recorded = lock.read(matrix.project.lock)["stacks"]
+    digests = {s.name: lock.base_digest(s, recorded.get(s.name)) for s in stacks}
+    print(views.as_github(stacks, digests) if args.github else views.as_table(stacks, digests))
     return 0
