@@ -227,9 +227,9 @@ def cu130_project(directory: Path, server: LoopbackServer, registry_host: str) -
 
 
 def cu130_env(project: Cu130Project, base_env: dict | None = None) -> dict:
-    """`builder` run for the project: uv's default index on loopback, the project's own lock, and a
-    private uv cache and (empty) Docker config."""
+    """`builder` run for the project: uv's and pip's default index on loopback (uv resolves, pip fills
+    the wheel cache), the project's own lock, and a private uv cache and (empty) Docker config."""
     env = {key: value for key, value in (base_env or os.environ).items() if key != "BUILDER_LOCK"}
     (project.root / "docker-config").mkdir(exist_ok=True)
-    return {**env, "CI": "true", "UV_DEFAULT_INDEX": project.default_index,
+    return {**env, "CI": "true", "UV_DEFAULT_INDEX": project.default_index, "PIP_INDEX_URL": project.default_index,
             "UV_CACHE_DIR": str(project.root / "uv-cache"), "DOCKER_CONFIG": str(project.root / "docker-config")}

@@ -16,7 +16,11 @@ from pathlib import Path
 import pytest
 
 from builder.cli.main import main
-from builder.publish import base_digest
+from builder.config.matrix import load_matrix
+from builder.engine.buildah import BuildahEngine
+from builder.engine.progress import Progress
+from builder.image import build, context, wheel_cache
+from builder.publish import base_digest, lock
 from builder.publish.registry_http import Retry
 from builder.errors import UserError
 from loopback_index import LoopbackServer, cu130_env, cu130_project, sha256_of
@@ -101,45 +105,58 @@ def test_render_writes_hashed_requirements_and_the_pinned_base(locked):
     assert (f"\n# {project.base_image}, pinned to the digest `builder lock` resolved (matrix.lock).\n"
             f"FROM {pinned}\n") in dockerfile
     torch = (folder / "requirements" / "10-torch.txt").read_text()
+    # Exactly the locked file per distribution and no source: the build installs with --no-index
+    # from the wheel cache, which `builder fetch` fills from the index, URL and default index.
     assert torch.splitlines()[2:] == [
-        f"--extra-index-url {project.torch_index}",
         "filelock==3.20.0 \\", f"    --hash=sha256:{found['filelock']['sha256']}",
         "torch==2.9.1+cu130 \\", f"    --hash=sha256:{found['torch']['sha256']}"]
     kernels = (folder / "requirements" / "20-kernels.txt").read_text()
-    assert f"sgl-kernel @ {project.sgl_kernel_url} \\\n    --hash=sha256:{found['sgl-kernel']['sha256']}\n" in kernels
-    assert f"--extra-index-url {project.flashinfer_index}\n" in kernels
+    assert f"sgl-kernel==0.3.21+cu130 \\\n    --hash=sha256:{found['sgl-kernel']['sha256']}\n" in kernels
     check = run_builder("render", "--check", "--matrix", str(project.matrix), "--stack", project.stack,
                         env=locked["env"])
     assert check.returncode == 0, check.stdout + check.stderr
 
 
-def _pip(locked, command: str, target: Path) -> subprocess.CompletedProcess:
-    """pip, hash-checking every file, from the loopback default index and the files' own index lines."""
+def _fetch(locked, cache: Path) -> subprocess.CompletedProcess:
     project = locked["project"]
+    return run_builder("fetch", "--matrix", str(project.matrix), "--stack", project.stack,
+                       env={**locked["env"], "BUILDER_CACHE": str(cache)})
+
+
+def test_fetch_takes_every_file_from_its_source_and_pip_installs_exactly_those(locked, tmp_path):
+    """`builder fetch` fills the cache from the loopback default index, both extra indexes and the
+    release URL; the rendered requirements then install, with no index at all, the locked files."""
+    fetched = _fetch(locked, tmp_path / "cache")
+    assert fetched.returncode == 0, fetched.stderr
+    assert fetched.stdout.endswith("7 locked wheels in " + str(tmp_path / "cache" / "locked-wheels") + " (7 downloaded, "
+                                   f"{sum(p.stat().st_size for p in locked['project'].wheels.values() if _locked(locked, p))} bytes)\n")
+    project, found = locked["project"], locked["entry"]["distributions"]
+    flat = tmp_path / "wheels"
+    flat.mkdir()
+    for item in found.values():
+        (flat / item["wheel"]).symlink_to(tmp_path / "cache" / "locked-wheels" / "sha256" / item["sha256"] / item["wheel"])
     requirements = sorted((project.root / "images" / project.stack / "requirements").glob("*.txt"))
-    where = ["--target", str(target)] if command == "install" else ["--dest", str(target)]
-    return subprocess.run(
-        [sys.executable, "-m", "pip", command, "--isolated", "--disable-pip-version-check", "--no-deps",
-         "--require-hashes", "--only-binary=:all:", "--index-url", f"{project.default_index}/", *where,
-         *(arg for path in requirements for arg in ("-r", str(path)))],
+    installed = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--isolated", "--disable-pip-version-check", "--no-index",
+         "--find-links", str(flat), "--no-deps", "--require-hashes", "--only-binary=:all:",
+         "--target", str(tmp_path / "site"), *(arg for path in requirements for arg in ("-r", str(path)))],
         capture_output=True, text=True, timeout=300)
-
-
-def test_pip_installs_exactly_the_locked_files(locked, tmp_path):
-    installed = _pip(locked, "install", tmp_path / "site")
     assert installed.returncode == 0, installed.stderr
-    found = locked["entry"]["distributions"]
     metadata = {}
     for info in (tmp_path / "site").glob("*.dist-info"):
         fields = dict(line.split(": ", 1) for line in (info / "METADATA").read_text().splitlines() if ": " in line)
         metadata[fields["Name"]] = fields["Version"]
     assert metadata == {name: item["version"] for name, item in found.items()}
-    # Each module says which server folder its wheel came from.
     origin = {name: (tmp_path / "site" / name.replace("-", "_") / "__init__.py").read_text() for name in found}
     assert origin["torch"] == "SOURCE = 'torch-cu130'\n"
     assert origin["filelock"] == "SOURCE = 'default'\n"  # not the PyTorch index's older copy
     assert origin["flashinfer-jit-cache"] == "SOURCE = 'flashinfer-cu130'\n"
     assert origin["sgl-kernel"] == "SOURCE = 'v0.3.21'\n"  # the release URL's folder
+
+
+def _locked(locked, path: Path) -> bool:
+    return any(item["wheel"] == path.name and item["sha256"] == sha256_of(path)
+               for item in locked["entry"]["distributions"].values())
 
 
 @pytest.mark.parametrize("name, version", [("torch", "2.9.1+cu130"), ("sgl-kernel", "0.3.21+cu130")])
@@ -148,14 +165,16 @@ def test_a_wheel_swapped_on_the_server_is_refused_by_hash(locked, tmp_path, name
     wheel = project.wheel(name, version)
     original = server.tamper(wheel)
     try:
-        downloaded = _pip(locked, "download", tmp_path / "wheels")
+        fetched = _fetch(locked, tmp_path / "cache")
     finally:
         server.restore(wheel, original)
-    assert downloaded.returncode != 0
-    assert "THESE PACKAGES DO NOT MATCH THE HASHES FROM THE REQUIREMENTS FILE" in downloaded.stderr
+    assert fetched.returncode == 1
+    assert fetched.stderr.splitlines()[-1] + "\n" == (f"builder: error: {project.stack}: 1 locked wheels could not be fetched ({name}=={version}): "
+                              "the file served is not the one the lock names (sha256 differs); pip refused it\n")
     expected = locked["entry"]["distributions"][name]["sha256"]
-    assert f"Expected sha256 {expected}" in downloaded.stderr
-    assert not (tmp_path / "wheels" / wheel.name).exists()
+    assert not (tmp_path / "cache" / "locked-wheels" / "sha256" / expected).exists()
+    kept = list((tmp_path / "cache" / "locked-wheels" / "sha256").iterdir())
+    assert len(kept) == 6  # every other file matched the lock and stays
 
 
 def test_an_unreachable_base_is_one_line_and_the_lock_is_untouched(locked, tmp_path, monkeypatch, capsys):
@@ -177,3 +196,51 @@ def test_an_unreachable_base_is_one_line_and_the_lock_is_untouched(locked, tmp_p
                        f"registry {dead.split('/')[0]} unreachable (connection refused); nothing was locked")
     assert delays == [0.01]
     assert lock_file.read_bytes() == before
+
+
+def test_the_row_builds_on_the_local_base_from_the_fetched_wheels_with_no_network(locked, local_base, tmp_path):
+    """The same row on the local base, locked and rendered by the CLI, its wheels fetched from the
+    loopback sources, then built by buildah from exactly the rendered Dockerfile with no network at
+    all: the image holds the locked files. (The row's patch series is left out: it patches the real
+    sglang and flashinfer, which these stand-in wheels are not.)"""
+    project = locked["project"]
+    matrix = project.root / "matrix-unpatched.toml"
+    text = project.matrix.read_text()
+    assert text.count('patched = ["sglang", "flashinfer-python"]') == 1
+    matrix.write_text(text.replace('patched = ["sglang", "flashinfer-python"]', "patched = []"))
+    if not (project.root / "builder").exists():
+        (project.root / "builder").symlink_to(REPO / "builder")  # the in-image tools the Dockerfile copies
+    env = {**locked["env"], "BUILDER_CACHE": str(tmp_path / "cache")}
+    for command in (["lock"], ["render"], ["fetch"]):
+        done = run_builder(*command, "--matrix", str(matrix), "--stack", project.stack, "--local-base", env=env)
+        assert done.returncode == 0, (command, done.stderr)
+    lock_path = project.root / "matrix.lock"
+    recorded = json.loads((REPO / "matrix.lock").read_text())["stacks"][LOCAL_ROW]["base"]["digest"]
+    lock.record_base("debian-bookworm", recorded, lock_path)  # what `builder base` records for the local base
+
+    stack = load_matrix(matrix, local_base=True).stack(project.stack + "-local")
+    entry = lock.check_current(stack, lock_path)
+    cache = wheel_cache.WheelCache(tmp_path / "cache" / "locked-wheels")
+    progress = Progress.for_environment()
+    fetched = build.fetch_wheels(stack, entry, cache, offline=True, progress=progress)
+    assert fetched.downloaded_bytes == 0  # offline: everything was already in the cache
+    inputs = context.build_inputs(stack, project.root, lock.base_digest(stack, entry))
+    dockerfile = build.stage_context(inputs, project.root, entry, cache, tmp_path / "context")
+    request = build.build_request(stack, tmp_path / "context", dockerfile, "localhost/loopback-row:test", False,
+                                  progress)
+    assert request.network == "none" and not request.add_hosts and not request.secrets
+    engine = BuildahEngine(export_to_docker=False)
+    try:
+        engine.build(request)
+        with engine.mounted(request.tags[0]) as root:
+            site = root / "opt" / "venv" / "lib" / "python3.11" / "site-packages"
+            origin = {name: (site / name.replace("-", "_") / "__init__.py").read_text()
+                      for name in entry["distributions"]}
+            found = dict(path.name.removesuffix(".dist-info").split("-") for path in site.glob("*.dist-info"))
+            versions = {name: version for name, version in found.items() if name not in ("pip", "setuptools")}
+    finally:
+        engine.remove(request.tags[0])
+    assert versions == {name.replace("-", "_"): item["version"] for name, item in entry["distributions"].items()}
+    assert origin["torch"] == "SOURCE = 'torch-cu130'\n"
+    assert origin["filelock"] == "SOURCE = 'default'\n"
+    assert origin["sgl-kernel"] == "SOURCE = 'v0.3.21'\n"
