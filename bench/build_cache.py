@@ -8,7 +8,7 @@ SBOM, lock), in the situations that matter:
   runtime_change one line added to an in-image tool (builder/runtime/)
   bare_engine   `buildah build` alone of the same Dockerfile and context, empty storage: the floor
 
-    python bench/build_cache.py [--stack sglang-0.5.9-cu128-local] [--runs 3]
+    python bench/build_cache.py [--stack sglang-0.5.9-cu128-local] [--runs 3] [--cold-runs N]
 
 Each figure is the median of --runs runs, with min and max; ratios are to the cold median. Cold
 builds use private buildah storage (removed after each run) and a private wheel cache; the Docker
@@ -126,6 +126,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--stack", default="sglang-0.5.9-cu128-local")
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--cold-runs", type=int, help="runs of the three cold figures (default: --runs)")
     parser.add_argument("--scratch", type=Path, default=ROOT / "build" / "bench",
                         help="private storages and wheel cache (about 20 GB while a cold run lasts)")
     args = parser.parse_args()
@@ -139,7 +140,7 @@ def main() -> int:
     runs: dict[str, list[dict]] = {name: [] for name in ("cold", "second_cold", "bare_engine", "noop", "patch_change",
                                                           "runtime_change")}
     try:
-        for _ in range(args.runs):
+        for _ in range(args.cold_runs or args.runs):
             cold_cache = wheel_cache.WheelCache(args.scratch / "wheels")
             shutil.rmtree(cold_cache.root, ignore_errors=True)
             runs["cold"].append(cold_run(stack, args.scratch, cold_cache, progress))
@@ -164,6 +165,7 @@ def main() -> int:
     cold_smoke = statistics.median(run["smoke_s"] for run in runs["cold"])
     ratios["wall_minus_smoke_over_bare"] = round((cold - cold_smoke) / results["bare_engine"]["median_s"], 4)
     document = {"stack": stack.name, "engine": "buildah", "runs_per_figure": args.runs,
+                "runs_per_cold_figure": args.cold_runs or args.runs,
                 "host": {"cpus": os.cpu_count(), "machine": platform.machine()},
                 "measured": time.strftime("%Y-%m-%d", time.gmtime()),
                 "results": results, "ratios_to_cold": ratios, "targets": TARGETS,

@@ -14,7 +14,7 @@ from pathlib import Path
 import docker
 import pytest
 
-from builder.image import render, smoke_gate
+from builder.image import render, smoke_gate, wheel_cache
 from builder.engine import get_engine
 from builder.engine.protocol import BuildRequest
 from builder.config.matrix import load_matrix
@@ -32,9 +32,9 @@ def builder(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
 
 
 def test_verify_finds_two_clean_builds_of_a_small_real_stack_identical(local_base, builder_env, tmp_path):
-    """Every mechanism of the stack's Dockerfile (venv, hash-checked install through the CA secret and
-    a cache mount, a patch layer applied and byte-compiled, the in-image tools) on real flashinfer,
-    twice from empty storage. The full 11.5 GB stack takes the same path (`builder verify STACK`) but
+    """Every mechanism of the stack's Dockerfile (venv, hash-checked install with no index from a
+    read-only mount of the locked wheel, a patch layer applied and byte-compiled, the in-image tools)
+    on real flashinfer, twice from empty storage. The full 11.5 GB stack takes the same path (`builder verify STACK`) but
     needs about 60 GB of free disk for its two private storages, more than CI has here."""
     lock = json.loads((REPO / "matrix.lock").read_text())["stacks"][STACK.name]["distributions"]
     flashinfer = lock["flashinfer-python"]
@@ -45,13 +45,17 @@ def test_verify_finds_two_clean_builds_of_a_small_real_stack_identical(local_bas
     shutil.copytree(REPO / "builder/runtime", tmp_path / "runtime", ignore=shutil.ignore_patterns("__pycache__"))
     (tmp_path / "requirements.txt").write_text(
         f"flashinfer-python=={flashinfer['version']} --hash=sha256:{flashinfer['sha256']}\n")
+    locked = wheel_cache.locked_wheels({"distributions": {"flashinfer-python": flashinfer}})
+    cache = wheel_cache.WheelCache()
+    cache.fill(locked, STACK.python, STACK.name)
+    cache.link_into(locked, tmp_path / "wheels")
     site = f"/opt/venv/lib/python{STACK.python}/site-packages"
     (tmp_path / "Dockerfile").write_text(f"""FROM {local_base}
 ARG SOURCE_DATE_EPOCH
 RUN ["{STACK.base.venv_python}", "-m", "venv", "/opt/venv"]
 COPY requirements.txt /opt/builder/requirements/requirements.txt
-RUN --mount=type=secret,id=cacert --mount=type=cache,target=/root/.cache/pip,sharing=locked \\
-    ["/opt/venv/bin/pip", "install", "--cert", "/run/secrets/cacert", "--no-deps", "--require-hashes", "-r", "/opt/builder/requirements/requirements.txt"]
+RUN --mount=type=bind,source=wheels,target=/run/wheels,ro \\
+    ["/opt/venv/bin/pip", "install", "--no-index", "--find-links", "/run/wheels", "--no-deps", "--require-hashes", "-r", "/opt/builder/requirements/requirements.txt"]
 COPY apply_patch.py /opt/builder/apply_patch.py
 COPY {patch.name} /opt/builder/patches/{patch.name}
 RUN ["/opt/venv/bin/python", "/opt/builder/apply_patch.py", "--site-packages", "{site}", "/opt/builder/patches/{patch.name}"]
@@ -124,8 +128,12 @@ def test_no_op_rebuild_after_the_test_suite_reuses_every_layer_and_keeps_the_ima
     steps = [line for line in again.stderr.splitlines() if "STEP " in line]
     reused = [line for line in again.stderr.splitlines() if "--> Using cache" in line]
     assert steps and len(reused) == len(steps) - 1  # every step but FROM
+    # The same image id: nothing is downloaded or copied, and the lock's smoke pass for it stands.
+    assert f"smoke checks passed before for {report['image_id']} (matrix.lock); --resmoke runs them" in again.stderr
+    assert "wheels downloaded: 0 bytes; delivered to Docker: 0 bytes)" in again.stderr
     second = json.loads((REPO / "build-reports" / f"{STACK.name}.json").read_text())
     assert second["image_id"] == report["image_id"]
+    assert second["smoke"] == report["smoke"]
     assert docker.from_env().images.get(report["tags"][0]).id == report["image_id"]
 
 
