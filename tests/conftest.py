@@ -6,7 +6,9 @@ from __future__ import annotations
 import io
 import json
 import os
+import shlex
 import shutil
+import subprocess
 import tarfile
 import uuid
 
@@ -123,3 +125,14 @@ def record_cu128(record_image):
     """Record a test image ({"id", "immutable"}) as the cu128 row's smoke-passed build in a lock."""
     stack = load_matrix(REPO / "matrix.toml").stack("sglang-0.5.9-cu128")
     return lambda path, image: record_image(stack, image["id"], [image["immutable"]], path)
+
+
+@pytest.fixture(scope="module")
+def compose_down_guard(docker_compose_command, docker_compose_file, docker_compose_project_name):
+    """Request it before docker_services: pytest-docker cleans up only after a successful `up`, and a
+    service that failed to start would stay behind with its network. This runs `down` after it anyway."""
+    yield
+    files = [docker_compose_file] if isinstance(docker_compose_file, str) else docker_compose_file
+    subprocess.run([*shlex.split(docker_compose_command), *[word for path in files for word in ("-f", path)],
+                    "-p", docker_compose_project_name, "down", "--volumes", "--timeout", "30"],
+                   capture_output=True, check=False)

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import base64
+import hashlib
 import http.server
+import io
 import json
+import re
 import shutil
 import socket
 import subprocess
 import sys
+import tarfile
 import threading
 import time
 import urllib.parse
@@ -94,9 +98,32 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+def registry_binary() -> str:
+    binary = shutil.which("docker-registry") or shutil.which("registry")
+    assert binary, "docker-registry is not installed (scripts/setup-host installs it)"
+    return binary
+
+
+def registry_image(client) -> str:
+    """Debian's docker-registry as a container image, for tests/compose/registry.yaml: the binary and
+    the libraries the loader gives it (ldd), imported as one layer, tagged by the binary's sha256."""
+    binary = Path(registry_binary()).resolve()
+    tag = f"builder-test-registry:{hashlib.sha256(binary.read_bytes()).hexdigest()[:12]}"
+    listing = subprocess.run(["ldd", str(binary)], capture_output=True, text=True, check=True).stdout
+    libraries = re.findall(r"(?:=> )?(/\S+) \(0x", listing)
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        archive.add(str(binary), arcname="usr/bin/docker-registry")
+        for library in libraries:
+            archive.add(str(Path(library).resolve()), arcname=library.lstrip("/"))
+    client.api.import_image_from_data(buffer.getvalue(), repository=tag.split(":")[0], tag=tag.split(":")[1])
+    return tag
+
+
 class Registry:
     """docker-registry on 127.0.0.1:port, file storage in a temporary folder; no auth, basic auth
-    against an htpasswd file, or token auth (Bearer) with tokens from a TokenIssuer."""
+    against an htpasswd file, or token auth (Bearer) with tokens from a TokenIssuer. `start` runs it
+    as a process; tests/compose/registry.yaml runs it as a compose service from `config`."""
 
     def __init__(self, root: Path, port: int, htpasswd: Path | None = None, token: "TokenIssuer | None" = None):
         self.root, self.port, self.process, self.htpasswd, self.token = root, port, None, htpasswd, token
@@ -110,26 +137,30 @@ class Registry:
                     f"    issuer: {self.token.issuer}\n    rootcertbundle: {self.token.certificate}\n")
         return ""
 
+    def config(self, storage: Path, addr: str) -> str:
+        """Distribution's config.yml: storage and listen address as the registry sees them."""
+        return ("version: 0.1\n"
+                "log:\n  level: error\n"
+                f"storage:\n  filesystem:\n    rootdirectory: {storage}\n  delete:\n    enabled: true\n"
+                f"http:\n  addr: {addr}\n"
+                + self._auth())
+
+    def responds(self) -> bool:
+        try:
+            return requests.get(f"http://{self.host}/v2/", timeout=1).status_code in (200, 401)
+        except requests.RequestException:
+            return False
+
     def start(self) -> None:
-        binary = shutil.which("docker-registry") or shutil.which("registry")
-        assert binary, "docker-registry is not installed (scripts/setup-host installs it)"
         config = self.root / "config.yml"
-        config.write_text(
-            "version: 0.1\n"
-            "log:\n  level: error\n"
-            f"storage:\n  filesystem:\n    rootdirectory: {self.root / 'data'}\n  delete:\n    enabled: true\n"
-            f"http:\n  addr: {self.host}\n"
-            + self._auth()
-        )
+        config.write_text(self.config(self.root / "data", self.host))
         self.log = open(self.root / "registry.log", "ab")
-        self.process = subprocess.Popen([binary, "serve", str(config)], stdout=self.log, stderr=self.log)
+        self.process = subprocess.Popen([registry_binary(), "serve", str(config)], stdout=self.log, stderr=self.log)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            try:
-                if requests.get(f"http://{self.host}/v2/", timeout=1).status_code in (200, 401):
-                    return
-            except requests.RequestException:
-                time.sleep(0.1)
+            if self.responds():
+                return
+            time.sleep(0.1)
         raise AssertionError(f"registry did not start: {(self.root / 'registry.log').read_text()}")
 
     def stop(self) -> None:

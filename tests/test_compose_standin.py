@@ -10,7 +10,6 @@ import json
 import os
 import resource
 import shlex
-import subprocess
 import urllib.request
 from pathlib import Path
 from types import SimpleNamespace
@@ -30,7 +29,7 @@ PROJECT = f"builder-compose-test-{os.getpid()}"
 ENTRYPOINT = ["/opt/venv/bin/python", "-m", "builder.runtime.serve.entrypoint"]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def compose_host(tmp_path_factory) -> SimpleNamespace:
     """The host side the compose file's variables point at: a model folder, a cache, a free port; and
     the env file compose reads them from (with the profile to start)."""
@@ -52,42 +51,32 @@ def compose_host(tmp_path_factory) -> SimpleNamespace:
     return host
 
 
-# pytest-docker's fixtures, pointed at the rendered file and the override. It runs compose through a
-# shell, so the paths are quoted here.
-@pytest.fixture(scope="session")
+# pytest-docker's fixtures (per module: pyproject's --container-scope), pointed at the rendered file and
+# the override. It runs compose through a shell, so the paths are quoted here.
+@pytest.fixture(scope="module")
 def docker_compose_command(compose_host) -> str:
     return f"{shlex.quote(str(compose_binary()))} --env-file {shlex.quote(str(compose_host.env_file))}"
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def docker_compose_file(built) -> list[str]:
     """`built` first: the image the rendered file names must exist before `up`."""
     return [str(RENDERED), str(OVERRIDE)]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def docker_compose_project_name() -> str:
     return PROJECT
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def docker_setup() -> list[str]:
     return ["up --detach"]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def docker_cleanup() -> list[str]:
     return ["down --volumes --timeout 30"]
-
-
-@pytest.fixture(scope="session")
-def down_even_if_up_failed(compose_host, docker_compose_file):
-    """docker_services runs its cleanup only after a successful `up`: a container that failed to start
-    would stay behind with its network. Requested before docker_services, this is torn down after it."""
-    yield
-    subprocess.run([str(compose_binary()), "--env-file", str(compose_host.env_file),
-                    *[word for path in docker_compose_file for word in ("-f", path)], "-p", PROJECT,
-                    "down", "--volumes", "--timeout", "30"], capture_output=True, check=False)
 
 
 def service_container(client: docker.DockerClient):
@@ -108,7 +97,7 @@ def healthy(container) -> bool:
 
 
 def test_rendered_compose_file_serves_the_built_image_healthy_and_bench_runs_against_it(
-        built, down_even_if_up_failed, docker_services, compose_host):
+        built, compose_down_guard, docker_services, compose_host):
     _, build_report = built
     container = service_container(docker.from_env())
     assert container.image.id == build_report["image_id"]  # the file names the image this tree builds
