@@ -121,8 +121,11 @@ def template_values(stack: Stack, entry: dict | None) -> dict:
         "ulimits": ULIMITS,
         "stop_grace_s": STOP_TIMEOUT_S + STOP_MARGIN_S,
         "health_interval_s": HEALTH_INTERVAL_S,
+        # Docker abandons a check at its timeout with no word of why; the command gives up first and says.
         "health_timeout_s": int(2 * health.DEFAULT_TIMEOUT_S),
         "health_retries": HEALTH_RETRIES,
         "start_period_s": int(timeouts.start_s),
         "variable": variable,
+        "python": PYTHON,
+        "entrypoint_module": ENTRYPOINT_MODULE,
     }
