@@ -21,7 +21,7 @@ from builder.engine.buildah import BuildahEngine
 from builder.image.local_base import BaseSpec, make_base
 from builder.config.matrix import load_matrix
 from engine_helpers import BASE_EPOCH, TEST_BASE_TAG
-from support import REPO, resolution_of, run_builder
+from support import REPO, registry_image, resolution_of, run_builder
 
 BUILT_STACK = "sglang-0.5.9-cu128-local"
 
@@ -136,3 +136,11 @@ def compose_down_guard(docker_compose_command, docker_compose_file, docker_compo
     subprocess.run([*shlex.split(docker_compose_command), *[word for path in files for word in ("-f", path)],
                     "-p", docker_compose_project_name, "down", "--volumes", "--timeout", "30"],
                    capture_output=True, check=False)
+
+
+@pytest.fixture(scope="session")
+def registry_container_image(client):
+    """Debian's docker-registry as an image for tests/compose/registry*.yaml; removed after the session."""
+    tag = registry_image(client)
+    yield tag
+    client.images.remove(tag)

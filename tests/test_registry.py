@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import http.server
 import os
-import shlex
 import threading
 from pathlib import Path
 
@@ -16,7 +15,7 @@ from builder.cli.main import main
 from builder.errors import BuildFailure, UserError
 from builder.config.matrix import load_matrix
 
-from support import Registry, compose_binary, free_port, registry_image
+from support import Registry, compose_command, free_port
 
 REPO = Path(__file__).resolve().parent.parent
 STACK = load_matrix(REPO / "matrix.toml").stack("sglang-0.5.9-cu128")
@@ -57,23 +56,15 @@ class Answers500:
 @pytest.fixture(scope="module")
 def registry_server(tmp_path_factory) -> Registry:
     server = Registry(tmp_path_factory.mktemp("registry"), free_port())
-    (server.root / "config.yml").write_text(server.config(Path("/registry/data"), "0.0.0.0:5000"))
+    (server.root / "config.yml").write_text(server.config(seen_as=Path("/registry")))
     return server
 
 
 @pytest.fixture(scope="module")
-def registry_server_image(client) -> str:
-    tag = registry_image(client)
-    yield tag
-    client.images.remove(tag)
-
-
-@pytest.fixture(scope="module")
-def docker_compose_command(registry_server, registry_server_image, tmp_path_factory) -> str:
-    env_file = tmp_path_factory.mktemp("compose") / "registry.env"
-    env_file.write_text(f"REGISTRY_IMAGE={registry_server_image}\nREGISTRY_ROOT={registry_server.root}\n"
-                        f"REGISTRY_PORT={registry_server.port}\n")
-    return f"{shlex.quote(str(compose_binary()))} --env-file {shlex.quote(str(env_file))}"
+def docker_compose_command(registry_server, registry_container_image, tmp_path_factory) -> str:
+    return compose_command(tmp_path_factory.mktemp("compose") / "registry.env", {
+        "REGISTRY_IMAGE": registry_container_image, "REGISTRY_ROOT": registry_server.root,
+        "REGISTRY_PORT": registry_server.port})
 
 
 @pytest.fixture(scope="module")
