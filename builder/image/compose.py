@@ -52,7 +52,6 @@ class Service:
     command: tuple[str, ...]
     environment: dict
     port: int
-    draft: bool
 
 
 def literal(text: str) -> str:
@@ -99,8 +98,7 @@ def service(stack: Stack, mode: ServeMode) -> Service:
         command += ["--draft-model", variable("SERVE_DRAFT_MODEL", f"{MODELS_DIR}/draft")]
     environment = {name: literal(str(value)) for name, value in {**stack.serve.env, **mode.env}.items()}
     environment["ENTRYPOINT_STOP_TIMEOUT"] = str(STOP_TIMEOUT_S)
-    return Service(mode.name, tuple(command), dict(sorted(environment.items())), mode_port(mode),
-                   mode.requires_draft_model)
+    return Service(mode.name, tuple(command), dict(sorted(environment.items())), mode_port(mode))
 
 
 def healthcheck(port: int) -> tuple[str, ...]:
