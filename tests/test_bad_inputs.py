@@ -77,6 +77,14 @@ def test_cuda_that_is_not_a_version(tmp_path, capsys):
         f"{path}:{line_of(text, 'thirteen')}: sglang-0.5.9-cu130: cuda 'thirteen' must look like '13.0.1'")
 
 
+def test_a_serve_mode_that_cannot_name_a_compose_service(tmp_path, capsys):
+    text = edited("[stack.serve.modes.baseline-fusion]", '[stack.serve.modes."baseline fusion"]')
+    path = matrix_file(tmp_path, text)
+    assert refused(capsys, ["render", "--check", "--matrix", str(path)]) == (
+        f"{path}:{line_of(text, 'baseline fusion')}: sglang-0.5.9: serve mode 'baseline fusion' is not usable as a "
+        "compose service name (a letter or digit, then letters, digits, '.', '_', '-')")
+
+
 def test_a_base_cuda_that_is_not_a_version(tmp_path, capsys):
     text = edited('cuda = "12.8.1"\npython', 'cuda = "twelve"\npython')
     path = matrix_file(tmp_path, text)

@@ -4,6 +4,7 @@ started on loopback, through the real Docker daemon, with tiny images made here.
 from __future__ import annotations
 
 import http.server
+import os
 import threading
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from builder.cli.main import main
 from builder.errors import BuildFailure, UserError
 from builder.config.matrix import load_matrix
 
-from support import Registry, free_port
+from support import Registry, compose_command, free_port
 
 REPO = Path(__file__).resolve().parent.parent
 STACK = load_matrix(REPO / "matrix.toml").stack("sglang-0.5.9-cu128")
@@ -49,13 +50,47 @@ class Answers500:
         self.server.server_close()
 
 
+# The registry the push and pull tests share, a compose service (tests/compose/registry.yaml) that
+# pytest-docker's docker_services starts once for this module and takes down after it; each test pushes
+# an image of its own repository.
+@pytest.fixture(scope="module")
+def registry_server(tmp_path_factory) -> Registry:
+    server = Registry(tmp_path_factory.mktemp("registry"), free_port())
+    (server.root / "config.yml").write_text(server.config(seen_as=Path("/registry")))
+    return server
+
+
+@pytest.fixture(scope="module")
+def docker_compose_command(registry_server, registry_container_image, tmp_path_factory) -> str:
+    return compose_command(tmp_path_factory.mktemp("compose") / "registry.env", {
+        "REGISTRY_IMAGE": registry_container_image, "REGISTRY_ROOT": registry_server.root,
+        "REGISTRY_PORT": registry_server.port})
+
+
+@pytest.fixture(scope="module")
+def docker_compose_file() -> str:
+    return str(REPO / "tests" / "compose" / "registry.yaml")
+
+
+@pytest.fixture(scope="module")
+def docker_compose_project_name() -> str:
+    return f"builder-registry-test-{os.getpid()}"
+
+
+@pytest.fixture(scope="module")
+def docker_setup() -> list[str]:
+    return ["up --detach"]
+
+
+@pytest.fixture(scope="module")
+def docker_cleanup() -> list[str]:
+    return ["down --volumes --timeout 10"]
+
+
 @pytest.fixture
-def live_registry(tmp_path):
-    server = Registry(tmp_path / "registry", free_port())
-    server.root.mkdir()
-    server.start()
-    yield server
-    server.stop()
+def live_registry(registry_server, compose_down_guard, docker_services) -> Registry:
+    docker_services.wait_until_responsive(check=registry_server.responds, timeout=30, pause=0.1)
+    return registry_server
 
 
 class Sleeps:

@@ -1,11 +1,14 @@
-"""Immutable tags on a registry that needs a login: Debian's docker-registry on loopback with
-htpasswd (basic) authentication, the credentials where `docker login` puts them, the real daemon."""
+"""Immutable tags on a registry that needs a login: Debian's docker-registry (a compose service
+published on loopback) with htpasswd (basic) or token authentication, the credentials where
+`docker login` puts them, the real daemon."""
 
 from __future__ import annotations
 
 import base64
 import json
+import os
 import socket
+from pathlib import Path
 
 import bcrypt
 import pytest
@@ -16,7 +19,7 @@ from builder.cli.main import main
 from builder.config.matrix import load_matrix
 from builder.errors import BuildFailure, UserError
 
-from support import REPO, Registry, TokenIssuer
+from support import REPO, Registry, TokenIssuer, compose_command
 
 STACK = load_matrix(REPO / "matrix.toml").stack("sglang-0.5.9-cu128")
 
@@ -26,9 +29,9 @@ USER, PASSWORD = "builder", "s3cret-passw0rd"
 TAG = "0.5.9-cu128-abc123"
 
 
-def loopback_port() -> int:
-    """A free port in 5100-5199, the range these tests keep to."""
-    for port in range(5100, 5200):
+def loopback_port(taken: tuple[int, ...] = ()) -> int:
+    """A free port in 5100-5199, the range these tests keep to, other than `taken` (chosen, not yet bound)."""
+    for port in (p for p in range(5100, 5200) if p not in taken):
         with socket.socket() as probe:
             try:
                 probe.bind(("127.0.0.1", port))
@@ -38,16 +41,62 @@ def loopback_port() -> int:
     raise AssertionError("no free loopback port in 5100-5199")
 
 
-@pytest.fixture
-def secured(tmp_path):
-    """The registry, asking every request for a login (htpasswd holds one bcrypt entry)."""
-    htpasswd = tmp_path / "htpasswd"
+# Both registries are compose services (tests/compose/registry-auth.yaml) that pytest-docker's
+# docker_services starts once for this module; each test pushes an image of its own repository.
+@pytest.fixture(scope="module")
+def registries(tmp_path_factory):
+    """The registry folders and ports, and the token service (a thread here) the `token` one trusts."""
+    basic_root, token_root = tmp_path_factory.mktemp("basic-registry"), tmp_path_factory.mktemp("token-registry")
+    htpasswd = basic_root / "htpasswd"
     htpasswd.write_text(f"{USER}:{bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(rounds=4)).decode()}\n")
-    server = Registry(tmp_path / "registry", loopback_port(), htpasswd)
-    server.root.mkdir()
-    server.start()
-    yield server
-    server.stop()
+    issuer = TokenIssuer(token_root / "token", loopback_port(), USER, PASSWORD)
+    basic = Registry(basic_root, loopback_port(), htpasswd=htpasswd)
+    token = Registry(token_root, loopback_port(taken=(basic.port,)), token=issuer)
+    for server in (basic, token):
+        (server.root / "config.yml").write_text(server.config(seen_as=Path("/registry")))
+    yield {"basic": basic, "token": token}
+    issuer.stop()
+
+
+@pytest.fixture(scope="module")
+def docker_compose_command(registries, registry_container_image, tmp_path_factory) -> str:
+    return compose_command(tmp_path_factory.mktemp("compose") / "registries.env", {
+        "REGISTRY_IMAGE": registry_container_image,
+        **{f"{name.upper()}_{key}": value for name, server in registries.items()
+           for key, value in (("ROOT", server.root), ("PORT", server.port))}})
+
+
+@pytest.fixture(scope="module")
+def docker_compose_file() -> str:
+    return str(REPO / "tests" / "compose" / "registry-auth.yaml")
+
+
+@pytest.fixture(scope="module")
+def docker_compose_project_name() -> str:
+    return f"builder-registry-auth-test-{os.getpid()}"
+
+
+@pytest.fixture(scope="module")
+def docker_setup() -> list[str]:
+    return ["up --detach"]
+
+
+@pytest.fixture(scope="module")
+def docker_cleanup() -> list[str]:
+    return ["down --volumes --timeout 10"]
+
+
+@pytest.fixture
+def running(registries, compose_down_guard, docker_services):
+    for server in registries.values():
+        docker_services.wait_until_responsive(check=server.responds, timeout=30, pause=0.1)
+    return registries
+
+
+@pytest.fixture
+def secured(running) -> Registry:
+    """The registry asking every request for a login (htpasswd holds one bcrypt entry)."""
+    return running["basic"]
 
 
 def docker_config(tmp_path, monkeypatch, host: str, user: str | None, password: str = PASSWORD) -> None:
@@ -132,15 +181,9 @@ def test_refused_credentials_are_one_clear_line(client, secured, image, cu128_lo
 
 
 @pytest.fixture
-def token_secured(tmp_path):
+def token_secured(running) -> Registry:
     """The registry with Distribution's token auth, and the token service it trusts."""
-    issuer = TokenIssuer(tmp_path / "token", loopback_port(), USER, PASSWORD)
-    server = Registry(tmp_path / "registry", loopback_port(), token=issuer)
-    server.root.mkdir()
-    server.start()
-    yield server
-    server.stop()
-    issuer.stop()
+    return running["token"]
 
 
 def bearer_manifest_digest(server: Registry, repository: str) -> str:

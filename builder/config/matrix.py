@@ -31,6 +31,8 @@ _ROW_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,99}$")
 _NAME_PART = re.compile(r"^[a-z0-9._-]+$")
 LOCAL_SUFFIX = "-local"
 # CUDA "13.0.1" or "12.8"; an interpreter "3.12".
+# A serve mode names a compose service and profile (images/<stack>/compose.yaml) and a bench report file.
+_MODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _CUDA = re.compile(r"^\d{1,2}\.\d{1,2}(\.\d{1,3})?$")
 _PYTHON = re.compile(r"^3\.\d{1,2}$")
 # SOURCE_DATE_EPOCH stamps files, configs and labels: from 1970 to the last second of year 9999,
@@ -257,6 +259,11 @@ class _Loader:
         packages.sort(key=lambda p: p.name)
         overrides = tuple(_override(o, packages) for o in data.get("overrides", []))
         serve = data["serve"]
+        for mode in serve["modes"]:
+            if not _MODE_NAME.fullmatch(mode):
+                self.problem(self._axis_path(index, axes, ("serve", "modes", mode)),
+                             f"serve mode '{mode}' is not usable as a compose service name "
+                             "(a letter or digit, then letters, digits, '.', '_', '-')", name)
         modes = tuple(
             ServeMode(mode, dict(spec["args"]), dict(spec.get("env", {})),
                       spec.get("requires_draft_model", False), dict(spec.get("reasons", {})))

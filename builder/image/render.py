@@ -1,4 +1,5 @@
-"""Stack rows -> images/<stack>/ (Dockerfile, stack.json, requirements/), byte-identical across runs.
+"""Stack rows -> images/<stack>/ (Dockerfile, stack.json, requirements/, compose.yaml), byte-identical
+across runs.
 
 COPY paths are relative to the project: the rendered folder holds what is specific to a stack, and
 COPY takes patches and the in-image tools from where they live, so nothing is duplicated. The build
@@ -20,7 +21,7 @@ from builder.config.matrix import LOCAL_SUFFIX
 from builder.config.stack import GROUP_ORDER, Stack
 from builder.errors import UserError
 from builder.files import write_atomic
-from builder.image import patch_series
+from builder.image import compose, patch_series
 from builder.paths import TOOLS_DIR, VENV, WHEELS_CONTEXT_DIR, WHEELS_MOUNT, Project
 from builder.publish import lock
 
@@ -35,8 +36,8 @@ GROUP_TITLES = {
 
 # group -> requirements text with hashes, or None when the stack has no lock entry yet.
 RequirementsSource = Callable[[Stack], "dict[str, str] | None"]
-# The base digest the lock records for the stack ("" when none).
-BaseDigestSource = Callable[[Stack], str]
+# The stack's matrix.lock entry, or None: its base digest (FROM) and its image and push (compose.yaml).
+LockEntrySource = Callable[[Stack], "dict | None"]
 
 
 @dataclass(frozen=True)
@@ -162,7 +163,7 @@ def stack_labels(stack: Stack, patches: list[RenderedPatch]) -> list[dict]:
 
 
 def _environment(templates: Path) -> jinja2.Environment:
-    return jinja2.Environment(
+    environment = jinja2.Environment(
         loader=jinja2.FileSystemLoader(templates),
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
@@ -170,10 +171,12 @@ def _environment(templates: Path) -> jinja2.Environment:
         keep_trailing_newline=True,
         autoescape=False,
     )
+    environment.filters["quoted"] = compose.quoted
+    return environment
 
 
 def render_stack(stack: Stack, project: Project, requirements: RequirementsSource,
-                 base_digest: BaseDigestSource) -> dict[str, str]:
+                 lock_entry: LockEntrySource) -> dict[str, str]:
     """Every file of images/<stack>/, relative path -> content."""
     patches = rendered_patches(stack, project.patches)
     references = mode_references(stack, project.reference_figures)
@@ -181,9 +184,10 @@ def render_stack(stack: Stack, project: Project, requirements: RequirementsSourc
     context = stack_dir(stack)
     created = datetime.fromtimestamp(stack.source_date_epoch, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     serve_port = next((m.args.get("port") for m in stack.serve.modes if "port" in m.args), 30000)
-    dockerfile = _environment(project.templates).get_template("Dockerfile.j2").render(
+    templates = _environment(project.templates)
+    dockerfile = templates.get_template("Dockerfile.j2").render(
         stack=stack,
-        base_reference=stack.base.reference(base_digest(stack)),
+        base_reference=stack.base.reference(lock.base_digest(stack, lock_entry(stack))),
         context=context,
         venv=VENV,
         wheels={"context": WHEELS_CONTEXT_DIR, "mount": WHEELS_MOUNT},
@@ -195,21 +199,23 @@ def render_stack(stack: Stack, project: Project, requirements: RequirementsSourc
         stack_labels=stack_labels(stack, patches),
     )
     files = {f"{context}/Dockerfile": dockerfile,
-             f"{context}/stack.json": json.dumps(stack_json(stack, patches, references), indent=2, sort_keys=True) + "\n"}
+             f"{context}/stack.json": json.dumps(stack_json(stack, patches, references), indent=2, sort_keys=True) + "\n",
+             f"{context}/compose.yaml": templates.get_template("compose.yaml.j2").render(
+                 compose.template_values(stack, lock_entry(stack)))}
     for group in GROUP_ORDER:
         files[f"{context}/requirements/{GROUP_FILES[group]}"] = texts[group]
     return files
 
 
-def render_all(stacks: tuple[Stack, ...], project: Project,
-               requirements: RequirementsSource | None = None) -> dict[str, str]:
-    """Every rendered file of `stacks`; requirements and base digests come from the project's lock
-    (requirements may be given instead)."""
+def render_all(stacks: tuple[Stack, ...], project: Project, requirements: RequirementsSource | None = None,
+               lock_entry: LockEntrySource | None = None) -> dict[str, str]:
+    """Every rendered file of `stacks`; requirements, base digests and images come from the project's
+    lock unless given."""
     requirements = requirements or lock_requirements(project.lock)
-    base_digest = lock_base_digest(project.lock)
+    lock_entry = lock_entry or (lambda stack: lock.entry(stack, project.lock))
     files: dict[str, str] = {}
     for stack in stacks:
-        files.update(render_stack(stack, project, requirements, base_digest))
+        files.update(render_stack(stack, project, requirements, lock_entry))
     return dict(sorted(files.items()))
 
 
@@ -253,10 +259,6 @@ def require_locked(stack: Stack, root: Path) -> None:
             raise UserError(f"{stack.name}: not rendered; run `builder render --stack {stack.name}`")
         if not is_locked(path.read_text(encoding="utf-8")):
             raise UserError(f"{stack.name}: not locked; run `builder lock --stack {stack.name}` then `builder render`")
-
-
-def lock_base_digest(lock_path: Path) -> BaseDigestSource:
-    return lambda stack: lock.base_digest(stack, lock.entry(stack, lock_path))
 
 
 def lock_requirements(lock_path: Path) -> RequirementsSource:

@@ -29,13 +29,14 @@ import sys
 import urllib.parse
 
 from builder.runtime import stackinfo
-from builder.runtime.serve import bench, launch, preflight
+from builder.runtime.serve import bench, health, launch, preflight
 from builder.runtime.serve.errors import (
     EXIT_OK,
     EXIT_SIGNAL_BASE,
     EntrypointError,
     PreflightError,
     StartupFailed,
+    Unhealthy,
     StartupStalled,
     UsageError,
 )
@@ -175,6 +176,14 @@ def build_parser() -> argparse.ArgumentParser:
     bench_parser.add_argument("--tolerance", type=float, help="allowed loss, 0.03 = 3%% (stack default)")
     bench_parser.add_argument("--output", help="report path (default: CACHE_DIR/bench/STACK-MODE.json)")
     bench_parser.set_defaults(func=cmd_bench)
+
+    health_parser = commands.add_parser("health", help="exit 0 when the server's /health answers 200 (health checks)")
+    health_parser.add_argument("--port", type=port_number, default=health.DEFAULT_PORT,
+                               help=f"the server's port (default {health.DEFAULT_PORT})")
+    health_parser.add_argument("--host", default="127.0.0.1", help="the server's address (default 127.0.0.1)")
+    health_parser.add_argument("--timeout", type=seconds, default=health.DEFAULT_TIMEOUT_S,
+                               help=f"seconds to wait for the answer (default {health.DEFAULT_TIMEOUT_S:g})")
+    health_parser.set_defaults(func=cmd_health)
 
     commands.add_parser("smoke", help="run the image's smoke checks (arguments pass through)", add_help=False)
     commands.add_parser("shell", help="exec bash (arguments pass through)", add_help=False)
@@ -333,6 +342,17 @@ def cmd_bench(args: argparse.Namespace, extra: tuple[str, ...]) -> int:
         )
 
     return supervised(plan, args, report, limits, job_for)
+
+
+def cmd_health(args: argparse.Namespace, extra: tuple[str, ...]) -> int:
+    if extra:
+        raise UsageError("health takes no arguments after --")
+    url = health_url(args.host, args.port)
+    problem = health.probe(url, args.timeout)
+    if problem:
+        raise Unhealthy(problem)
+    print(f"healthy: GET {url} answered 200")
+    return EXIT_OK
 
 
 def exec_smoke(arguments: list[str]) -> int:

@@ -57,3 +57,9 @@ class BenchFailed(EntrypointError):
     """The benchmark client could not complete its requests."""
 
     exit_code = 7
+
+
+class Unhealthy(EntrypointError):
+    """`health`: the server's /health did not answer 200 (a container health check's "unhealthy")."""
+
+    exit_code = 1

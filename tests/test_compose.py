@@ -1,0 +1,155 @@
+"""images/<stack>/compose.yaml: every committed one is valid for Docker Compose v2 (`config`, which
+checks the compose specification's schema and every value), and holds what a GPU host needs: one
+service per serve mode under its own profile, all GPUs, host IPC, ulimits, the mounts and the port from
+variables, a stop grace period and the entrypoint's own health check; and the image the lock records."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from builder.config.matrix import load_matrix
+from builder.image import compose, render
+from builder.image.compose import STOP_MARGIN_S, STOP_TIMEOUT_S
+from builder.publish import lock
+from support import REPO, compose_binary
+
+MATRIX = load_matrix(REPO / "matrix.toml")
+COMPOSE_FILES = sorted((REPO / "images").glob("*/compose.yaml"))
+DIGEST = "sha256:" + "a" * 64
+IMAGE_ID = "sha256:" + "b" * 64
+
+
+def compose_config(path: Path, *profiles: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """`docker compose config` as JSON, with only `env` as the environment (no variable from this shell)."""
+    flags = [word for profile in profiles for word in ("--profile", profile)]
+    return subprocess.run([str(compose_binary()), "-f", str(path), "-p", "check", *flags, "config", "--format", "json"],
+                          capture_output=True, text=True, env=env or {}, cwd=path.parent)
+
+
+def test_every_row_has_a_committed_compose_file():
+    assert [p.parent.name for p in COMPOSE_FILES] == sorted(row.name for row in MATRIX.all_rows())
+
+
+@pytest.mark.parametrize("path", COMPOSE_FILES, ids=lambda p: p.parent.name)
+def test_committed_compose_file_is_valid_and_serves_every_mode(path):
+    stack = MATRIX.stack(path.parent.name)
+    modes = [mode.name for mode in stack.serve.modes]
+    result = compose_config(path, *modes)
+    assert result.returncode == 0, result.stderr
+    services = json.loads(result.stdout)["services"]
+    assert sorted(services) == sorted(modes)
+    image = compose.image_reference(stack, lock.entry(stack, REPO / "matrix.lock")).reference
+    for mode in stack.serve.modes:
+        service = services[mode.name]
+        assert service["profiles"] == [mode.name] and service["image"] == image
+        assert service["deploy"]["resources"]["reservations"]["devices"] == [
+            {"driver": "nvidia", "count": -1, "capabilities": ["gpu"]}]  # -1: compose's "all"
+        assert service["ipc"] == "host"
+        assert service["ulimits"] == {"memlock": -1, "stack": 67108864}
+        expected_env = {**stack.serve.env, **mode.env, "ENTRYPOINT_STOP_TIMEOUT": str(STOP_TIMEOUT_S)}
+        assert service["environment"] == {name: str(value) for name, value in expected_env.items()}
+        # The variables' defaults: the README's `docker run -v /models:/models -v /cache:/cache -p 30000:30000`.
+        assert [(v["source"], v["target"], v.get("read_only", False)) for v in service["volumes"]] == [
+            ("/models", "/models", True), ("/cache", stack.serve.cache_dir, False)]
+        assert [(p["published"], p["target"]) for p in service["ports"]] == [("30000", 30000)]
+        assert service["command"][:5] == ["serve", "--mode", mode.name, "--model", "/models/model"]
+        assert ("--draft-model" in service["command"]) == mode.requires_draft_model
+        # compose reports durations in its own spelling: 1m30s is 90 s
+        assert service["stop_grace_period"] == "1m30s" and STOP_TIMEOUT_S + STOP_MARGIN_S == 90
+        check = service["healthcheck"]
+        assert check["test"] == ["CMD", "/opt/venv/bin/python", "-m", "builder.runtime.serve.entrypoint",
+                                 "health", "--port", "30000", "--timeout", "5"]
+        assert check["start_period"] == "1h0m0s"  # the entrypoint's own cap on starting
+
+
+def test_no_profile_starts_nothing():
+    """`docker compose up` without --profile must not start four servers fighting over the GPUs."""
+    path = REPO / "images/sglang-0.5.9-cu130/compose.yaml"
+    result = compose_config(path)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["services"] == {}
+
+
+def test_variables_move_the_mounts_the_models_and_the_port():
+    path = REPO / "images/sglang-0.5.9-cu130/compose.yaml"
+    env = {"SERVE_MODELS_DIR": "/srv/models", "SERVE_CACHE_DIR": "/srv/cache", "SERVE_PORT": "31000",
+           "SERVE_MODEL": "/models/Kimi-K2.5", "SERVE_DRAFT_MODEL": "/models/Kimi-K2.5-eagle3"}
+    result = compose_config(path, "eagle3", env=env)
+    assert result.returncode == 0, result.stderr
+    service = json.loads(result.stdout)["services"]["eagle3"]
+    assert [v["source"] for v in service["volumes"]] == ["/srv/models", "/srv/cache"]
+    assert service["ports"][0]["published"] == "31000" and service["ports"][0]["target"] == 30000
+    assert service["command"][3:] == ["--model", "/models/Kimi-K2.5", "--draft-model", "/models/Kimi-K2.5-eagle3"]
+
+
+def test_a_dollar_in_a_profile_value_reaches_the_container_unchanged(tmp_path):
+    """Compose interpolates `$`: a value written in the matrix must not be."""
+    row = MATRIX.stack("sglang-0.5.9-cu128-local")
+    stack = dataclasses.replace(row, serve=dataclasses.replace(row.serve, env={"PROMPT": "$HOME costs $5 ${X}"}))
+    files = render.render_stack(stack, MATRIX.project, lambda s: None, lambda s: None)
+    path = tmp_path / "compose.yaml"
+    path.write_text(files[f"images/{stack.name}/compose.yaml"])
+    result = compose_config(path, "baseline", env={"HOME": "/root", "X": "x"})
+    assert result.returncode == 0, result.stderr
+    # `config` writes a literal dollar as $$ again so that its output stays a compose file; had the
+    # render not escaped them, $HOME and ${X} would read /root and x here.
+    assert json.loads(result.stdout)["services"]["baseline"]["environment"]["PROMPT"] == "$$HOME costs $$5 $${X}"
+
+
+def test_an_invalid_value_is_refused_by_the_validator(tmp_path):
+    """The check has teeth: a GPU count compose cannot read fails `config`."""
+    text = (REPO / "images/sglang-0.5.9-cu130/compose.yaml").read_text()
+    path = tmp_path / "compose.yaml"
+    path.write_text(text.replace("count: all", "count: every", 1))
+    result = compose_config(path, "baseline")
+    assert result.returncode != 0
+    assert "count" in result.stderr
+
+
+# ---- which image the file names: what the lock records ---------------------------------------------
+
+
+STACK = MATRIX.stack("sglang-0.5.9-cu128-local")
+BUILT = {"image": {"id": IMAGE_ID, "digest": None, "immutable_tag": "sglang:0.5.9-cu128-local-0123456789ab"},
+         "push": None}
+PUSHED = {"image": {**BUILT["image"], "digest": DIGEST},
+          "push": {"registry": "registry.example:5000", "repository": "team/sglang", "tag": "0.5.9-cu128-local-0123456789ab",
+                   "digest": DIGEST, "reference": f"registry.example:5000/team/sglang@{DIGEST}"}}
+
+
+def compose_text(entry: dict | None) -> str:
+    files = render.render_stack(STACK, MATRIX.project, lambda s: None, lambda s: entry)
+    return files[f"images/{STACK.name}/compose.yaml"]
+
+
+@pytest.mark.parametrize("entry, image, note", [
+    (None, "sglang:0.5.9-cu128-local", "the moving tag: matrix.lock records no image of this stack yet"),
+    (BUILT, "sglang:0.5.9-cu128-local-0123456789ab", f"has no registry digest, and its id ({IMAGE_ID})"),
+    (PUSHED, f"registry.example:5000/team/sglang@{DIGEST}", "the registry digest `builder push` recorded"),
+], ids=["not-built", "built", "pushed"])
+def test_the_image_is_named_by_digest_once_pushed_by_immutable_tag_before(entry, image, note):
+    text = compose_text(entry)
+    assert text.count(f'    image: "{image}"\n') == len(STACK.serve.modes)
+    assert note in text
+
+
+def test_a_push_of_an_earlier_image_is_not_named():
+    """A new build resets the push in the lock; were a stale one left, the tag still names the new image."""
+    stale = {"image": BUILT["image"], "push": PUSHED["push"]}
+    assert '    image: "sglang:0.5.9-cu128-local-0123456789ab"\n' in compose_text(stale)
+
+
+def test_check_covers_the_compose_file(tmp_path):
+    files = render.render_all(MATRIX.all_rows(), MATRIX.project)
+    copy = tmp_path / "repo"
+    render.write(files, copy)
+    target = copy / "images/sglang-0.5.9-cu128-local/compose.yaml"
+    target.write_text(target.read_text().replace("stop_grace_period: 90s", "stop_grace_period: 10s"))
+    (copy / "images/sglang-0.5.9-cu130/compose.yaml").unlink()
+    assert render.stale(files, MATRIX.all_rows(), copy) == [
+        "images/sglang-0.5.9-cu128-local/compose.yaml (differs)", "images/sglang-0.5.9-cu130/compose.yaml (missing)"]
