@@ -25,7 +25,6 @@ import platform
 import shutil
 import statistics
 import sys
-import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path

@@ -129,6 +129,12 @@ def record_cu128(record_image):
 
 
 @pytest.fixture(scope="module")
+def docker_setup() -> list[str]:
+    """pytest-docker's `up` for every compose-run service here: detached, never building an image."""
+    return ["up --detach"]
+
+
+@pytest.fixture(scope="module")
 def compose_down_guard(docker_compose_command, docker_compose_file, docker_compose_project_name):
     """Request it before docker_services: pytest-docker cleans up only after a successful `up`, and a
     service that failed to start would stay behind with its network. This runs `down` after it anyway."""

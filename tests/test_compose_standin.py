@@ -10,7 +10,6 @@ import json
 import os
 import resource
 import urllib.request
-from pathlib import Path
 from types import SimpleNamespace
 
 import docker
@@ -64,11 +63,6 @@ def docker_compose_file(built) -> list[str]:
 @pytest.fixture(scope="module")
 def docker_compose_project_name() -> str:
     return PROJECT
-
-
-@pytest.fixture(scope="module")
-def docker_setup() -> list[str]:
-    return ["up --detach"]
 
 
 @pytest.fixture(scope="module")

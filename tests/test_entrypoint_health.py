@@ -101,7 +101,7 @@ def test_a_listener_that_never_answers_times_out():
         port = silent.getsockname()[1]
         result = health("--port", str(port), "--timeout", "0.3")
     assert result.returncode == 1
-    assert result.stderr.endswith(f"/health: no answer within 0.3 s\n")
+    assert result.stderr.endswith("/health: no answer within 0.3 s\n")
 
 
 @pytest.mark.parametrize("args, message", [

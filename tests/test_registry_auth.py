@@ -77,11 +77,6 @@ def docker_compose_project_name() -> str:
 
 
 @pytest.fixture(scope="module")
-def docker_setup() -> list[str]:
-    return ["up --detach"]
-
-
-@pytest.fixture(scope="module")
 def docker_cleanup() -> list[str]:
     return ["down --volumes --timeout 10"]
 

@@ -102,7 +102,7 @@ def test_warm_up_that_never_ends_stalls_despite_our_health_probes(tmp_path):
     assert result.returncode == 5, result.stderr
     assert "GET /health HTTP/1.1\" 503" in result.stdout  # probes answered, and logged ...
     assert (  # ... but not mistaken for progress
-        f"entrypoint: error: stalled after log line '[" in result.stderr
+        "entrypoint: error: stalled after log line '[" in result.stderr
         and f"INFO:     Uvicorn running on http://127.0.0.1:{port} (Press CTRL+C to quit)' for " in result.stderr
     )
 

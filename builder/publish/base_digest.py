@@ -14,11 +14,10 @@ import hashlib
 import re
 from dataclasses import dataclass
 
-import requests
 
 from builder.errors import UserError
 from builder.publish import registry_auth
-from builder.publish.registry_http import ACCEPT_MANIFESTS, MANIFEST_TYPES, Retry, TransientError, api_get, reason
+from builder.publish.registry_http import ACCEPT_MANIFESTS, MANIFEST_TYPES, Retry, get_manifest
 
 # A reference without a registry host means Docker Hub, whose API answers on another host name.
 DOCKER_HUB = "docker.io"
@@ -65,16 +64,8 @@ def resolve(image: str, retry: Retry | None = None) -> str:
 
 
 def _manifest_digest(image: str, base: BaseImage, credentials: registry_auth.Credentials | None) -> str:
-    host, path = base.api_host, f"/v2/{base.repository}/manifests/{base.tag}"
-    headers = {"Accept": ACCEPT_MANIFESTS}
-    response = api_get(host, path, headers)
-    if response.status_code == 401:
-        try:
-            login = registry_auth.answer(response.headers.get("WWW-Authenticate", ""), credentials)
-        except requests.RequestException as error:
-            raise TransientError(f"the token service of {host} is unreachable ({reason(error)})") from None
-        if login is not None:
-            response = api_get(host, path, {**headers, **login})
+    host = base.api_host
+    response = get_manifest(host, base.repository, base.tag, ACCEPT_MANIFESTS, credentials)
     status = response.status_code
     if status in (401, 403):
         refused = "refused the credentials in" if credentials else "wants a login, and there is none in"

@@ -17,7 +17,7 @@ import requests
 from builder.engine.daemon import docker_client
 from builder.errors import BuildFailure, UserError
 from builder.publish import lock, registry_auth
-from builder.publish.registry_http import ACCEPT_MANIFESTS, Retry, TransientError, api_get, reason
+from builder.publish.registry_http import ACCEPT_MANIFESTS, Retry, TransientError, api_get, get_manifest, reason
 
 # What the daemon says when the registry (or the way to it) failed, not the request.
 _TRANSIENT = re.compile(
@@ -63,15 +63,7 @@ def remote_config_digest(host: str, repository: str, tag: str,
     """The image id (config digest) the registry's tag points at; None when the tag is absent; '?'
     when it names a multi-platform index. A registry that wants a login gets one (basic or bearer);
     when it still will not say, the answer is unknown, and that refuses (UserError)."""
-    path, headers = f"/v2/{repository}/manifests/{tag}", {"Accept": ACCEPT_MANIFESTS}
-    response = api_get(host, path, headers)
-    if response.status_code == 401:
-        try:
-            login = registry_auth.answer(response.headers.get("WWW-Authenticate", ""), credentials)
-        except requests.RequestException as error:
-            raise TransientError(f"registry {host}: its token service is unreachable ({reason(error)})") from None
-        if login is not None:
-            response = api_get(host, path, {**headers, **login})
+    response = get_manifest(host, repository, tag, ACCEPT_MANIFESTS, credentials)
     if response.status_code in (401, 403) and credentials is None:
         raise UserError(f"{host} needs a login to tell whether {repository}:{tag} exists, and "
                         f"{registry_auth.config_path()} has no credentials for it: run `docker login {host}`")

@@ -15,6 +15,7 @@ from typing import Callable
 import requests
 
 from builder.errors import BuildFailure
+from builder.publish import registry_auth
 
 ATTEMPTS = 4
 BASE_DELAY_S = 2.0
@@ -79,3 +80,18 @@ def reason(error: Exception | None) -> str:
         if needle in text:
             return why
     return type(error).__name__ if error else "no answer"
+
+
+def get_manifest(host: str, repository: str, reference: str, accept: str, credentials) -> requests.Response:
+    """GET a manifest; a 401 is answered once with the challenge's login (basic, or a bearer token
+    for `credentials`, anonymous when None). A token service that cannot be reached is transient."""
+    path, headers = f"/v2/{repository}/manifests/{reference}", {"Accept": accept}
+    response = api_get(host, path, headers)
+    if response.status_code == 401:
+        try:
+            login = registry_auth.answer(response.headers.get("WWW-Authenticate", ""), credentials)
+        except requests.RequestException as error:
+            raise TransientError(f"the token service of {host} is unreachable ({reason(error)})") from None
+        if login is not None:
+            response = api_get(host, path, {**headers, **login})
+    return response
