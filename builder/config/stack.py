@@ -69,6 +69,12 @@ class Base:
     cuda: str | None  # CUDA toolkit in the base; None for the local base
     local: bool
 
+    @property
+    def build_network(self) -> str:
+        """The network the build's RUN steps get: "default" where an apt step adds system packages to a
+        registry base, else "none" (wheels come from the host's cache; nothing else is fetched)."""
+        return "default" if self.system_packages else "none"
+
     def reference(self, digest: str) -> str:
         """What FROM names and CI pulls: a registry base as name@digest once `builder lock` resolved the
         digest (buildah's pull takes no tag beside a digest); the local base by its tag (it is in no

@@ -43,8 +43,9 @@ class BuildOutcome:
 def needs_network(stack: Stack) -> bool:
     """Only a registry base's apt step reaches out; wheels come from the host's cache. A row with no
     such step builds with no network at all, online or offline alike, so both give one image (the
-    engines write /etc/hosts and resolv.conf stubs into RUN layers only when a network is attached)."""
-    return not stack.base.local
+    engines write /etc/hosts and resolv.conf stubs into RUN layers only when a network is attached).
+    The rendered Dockerfile declares the same choice (ARG BUILD_NETWORK, Base.build_network)."""
+    return stack.base.build_network != "none"
 
 
 def build_request(stack: Stack, context_dir: Path, dockerfile: Path, candidate: str, no_cache: bool,
