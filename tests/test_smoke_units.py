@@ -108,3 +108,25 @@ def test_runs_as_a_module_from_the_image_layout(tmp_path):
     rows = json.loads(done.stdout)["results"]
     assert [(row["check"], row["status"]) for row in rows] == [("patches", "skip"),
                                                                ("entrypoint", "skip")]
+
+
+def test_checks_run_side_by_side_and_report_in_their_order(monkeypatch):
+    """The first check finishes last, yet comes first; both ran at once (each waits for the other)."""
+    import threading
+
+    from builder.runtime.smoke import program, report as smoke_report
+
+    both_started = threading.Barrier(2, timeout=10)
+
+    def slow(env):
+        both_started.wait()
+        threading.Event().wait(0.2)
+        return [smoke_report.passed("slow", "finished second")]
+
+    def quick(env):
+        both_started.wait()
+        return [smoke_report.passed("quick", "finished first")]
+
+    monkeypatch.setattr(program, "CHECKS", {"slow": slow, "quick": quick})
+    results = program.run_checks(env=None, names=["slow", "quick"])
+    assert [result.check for result in results] == ["slow", "quick"]

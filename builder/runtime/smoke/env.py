@@ -7,20 +7,24 @@ crash (importing torch, loading CUDA extensions) runs in a child interpreter.
 
 from __future__ import annotations
 
+import concurrent.futures
 import importlib.metadata
 import json
-import threading
 import os
 import signal
 import subprocess
 import sys
+import textwrap
+import threading
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-import textwrap
+from typing import TypeVar
 
 from builder.runtime.binaries import loader as library_loader
 
 IMPORT_TIMEOUT_S = 600
+T, R = TypeVar("T"), TypeVar("R")
 _LOADER_MARKERS = ("undefined symbol", "cannot open shared object file", "version `")
 
 
@@ -73,6 +77,13 @@ _TORCH_PROBE = textwrap.dedent("""
         "file": torch.__file__,
     }))
 """)
+
+
+def side_by_side(function: Callable[[T], R], items: Iterable[T]) -> list[R]:
+    """function(item) for every item at once, results in the items' order. The checks' work is child
+    interpreters, so threads overlap it on every core."""
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 1)) as pool:
+        return list(pool.map(function, items))
 
 
 class Environment:

@@ -7,11 +7,8 @@ sgl_kernel registers its torch ops on import: a torch ABI mismatch shows here.
 
 from __future__ import annotations
 
-import concurrent.futures
-import os
-
 from builder.runtime.smoke import report
-from builder.runtime.smoke.env import Environment, run_python
+from builder.runtime.smoke.env import Environment, run_python, side_by_side
 
 # (module, distribution that provides it), in dependency order.
 CORE_MODULES = (
@@ -30,9 +27,7 @@ def run(env: Environment) -> list[report.Result]:
     for module in patched_modules(env.info):
         if module not in {name for name, _ in modules}:
             modules.append((module, None))
-    # One child interpreter per module, side by side; results in the order above.
-    with concurrent.futures.ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 1)) as pool:
-        return list(pool.map(lambda pair: _import(env, *pair), modules))
+    return side_by_side(lambda pair: _import(env, *pair), modules)  # a child interpreter per module
 
 
 def patched_modules(info: dict) -> list[str]:

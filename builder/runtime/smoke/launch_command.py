@@ -13,7 +13,7 @@ import textwrap
 
 from builder.runtime.smoke import report
 from builder.runtime import stackinfo
-from builder.runtime.smoke.env import Environment, run_python
+from builder.runtime.smoke.env import Environment, run_python, side_by_side
 
 # Placeholders: parsing checks paths for nothing, and the check must not
 # depend on a model being mounted.
@@ -51,7 +51,7 @@ def run(env: Environment) -> list[report.Result]:
     if not env.in_stack("sglang"):
         return [report.skipped(f"entrypoint.{mode}", "sglang is not part of this stack")
                 for mode in modes]
-    return [check_mode(env, mode) for mode in modes]
+    return side_by_side(lambda mode: check_mode(env, mode), modes)  # a child interpreter per mode
 
 
 def check_mode(env: Environment, mode: str) -> report.Result:

@@ -15,14 +15,12 @@ Standard library only; runs as the module builder.runtime.smoke (its __main__ ca
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
-import os
 import sys
 import traceback
 
 from builder.runtime import stackinfo
 from builder.runtime.smoke import abi, arch, gpu, imports, launch_command, patches, report, versions
-from builder.runtime.smoke.env import Environment
+from builder.runtime.smoke.env import Environment, side_by_side
 
 # In the order they are reported (they run concurrently): cheap facts first, the GPU last.
 CHECKS = {
@@ -49,13 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def run_checks(env: Environment, names: list[str], workers: int | None = None) -> list[report.Result]:
-    """The checks side by side (their work is child interpreters, so threads overlap it on every
-    core); the report keeps the order of `names`, whatever finishes first."""
-    workers = workers or max(2, os.cpu_count() or 1)
-    with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
-        futures = [pool.submit(_run_one, env, name) for name in names]
-        return [result for future in futures for result in future.result()]
+def run_checks(env: Environment, names: list[str]) -> list[report.Result]:
+    """The checks side by side; the report keeps the order of `names`, whatever finishes first."""
+    return [result for results in side_by_side(lambda name: _run_one(env, name), names) for result in results]
 
 
 def _run_one(env: Environment, name: str) -> list[report.Result]:
