@@ -68,12 +68,12 @@ def private_storage(scratch: Path):
 
 
 def forget_in_docker(engine: BuildahEngine, stack) -> None:
-    """The stack's image out of the Docker daemon, so delivery has everything to move."""
-    entry = lock.entry(stack, Project(ROOT).lock) or {}
-    image = (entry.get("image") or {}).get("id")
-    for ref in (tags.moving_tag(stack), *(entry.get("image") or {}).get("tags", []), image):
-        if ref:
-            engine.daemon.remove(ref)
+    """Every image of the stack out of the Docker daemon (earlier builds share its layers), so
+    delivery has everything to move."""
+    moving = tags.moving_tag(stack)
+    for image in engine.daemon.client.images.list():
+        if any(tag == moving or tag.startswith(moving + "-") for tag in image.tags):
+            engine.daemon.client.images.remove(image.id, force=True)
 
 
 def base_into(engine: BuildahEngine, stack, scratch: Path) -> None:
