@@ -16,12 +16,19 @@ VENV = "/opt/venv"
 VENV_PYTHON = f"{VENV}/bin/python"
 TOOLS_DIR = "/opt/builder"  # stack.json, patches, requirements and the in-image tools (runtime/)
 
+IMAGES = "images"  # images/<stack>/: the rendered files of each stack row, in the project
+
 # The locked wheels: a directory of the build context, mounted read-only into the install steps.
 WHEELS_CONTEXT_DIR = "wheels"
 WHEELS_MOUNT = "/run/wheels"
 
 # The base `builder base` makes with mmdebstrap, named after the matrix's [local_base].
 LOCAL_BASE_REPOSITORY = "localhost/builder-base"
+
+
+def stack_dir(stack) -> str:
+    """images/<stack name>, relative to the project (`stack` is a config.stack.Stack)."""
+    return f"{IMAGES}/{stack.name}"
 
 
 def local_base_tag(name: str) -> str:

@@ -15,7 +15,9 @@ import uuid
 import docker
 import pytest
 
-from builder.publish import lock
+from builder.lock import records
+from builder.lock.model import ImageRecord, LockedBase
+from builder.lock.resolution import lock_stacks
 from builder.engine import get_engine
 from builder.engine.buildah import BuildahEngine
 from builder.image.local_base import BaseSpec, make_base
@@ -31,9 +33,10 @@ def record_image():
     """Record an image in a lock as `builder build` does after its smoke checks pass."""
 
     def record(stack, image_id, tags, path=None, inputs_hash="f" * 64):
-        image = lock.ImageRecord(image_id=image_id, tags=tuple(tags), inputs_hash=inputs_hash, base_digest="",
-                                 source_date_epoch=1767225600, report="r.json", provenance="r.provenance.json")
-        lock.record_build(stack, image, {"passed": True}, path)
+        base = LockedBase(stack.base.name, stack.base.image, stack.base.local)
+        image = ImageRecord(image_id=image_id, immutable_tag=tags[0], tags=tuple(tags), inputs_hash=inputs_hash,
+                            base=base, source_date_epoch=1767225600, report="r.json", provenance="r.provenance.json")
+        records.record_build(stack.name, image, {"passed": True}, path)
 
     return record
 
@@ -116,7 +119,7 @@ def cu128_lock(tmp_path, monkeypatch):
     """A lock (BUILDER_LOCK) whose sglang-0.5.9-cu128 entry is resolved, for the registry tests."""
     lock_path = tmp_path / "matrix.lock"
     monkeypatch.setenv("BUILDER_LOCK", str(lock_path))
-    lock.lock_stacks([load_matrix(REPO / "matrix.toml").stack("sglang-0.5.9-cu128")], path=lock_path,
+    lock_stacks([load_matrix(REPO / "matrix.toml").stack("sglang-0.5.9-cu128")], path=lock_path,
                      resolver=resolution_of, base_resolver=base_digest_of)
     return lock_path
 

@@ -21,7 +21,8 @@ from pathlib import Path
 
 import requests
 
-from builder.publish.resolve import PLATFORM, Distribution, Resolution
+from builder.lock.model import Distribution
+from builder.lock.resolve import PLATFORM, WheelResolution
 
 REPO = Path(__file__).resolve().parent.parent
 IMAGE = "sha256:" + "1" * 64
@@ -74,7 +75,7 @@ def resolution_of(stack, *extra):
     indexes = tuple(dict.fromkeys(p.index for p in stack.packages if p.index))
     distributions = [dist(p.name, p.version, group, source=p.url or p.index or "default index", url=p.url)
                      for group in ("torch", "kernels", "sglang") for p in stack.packages_in_group(group)]
-    return Resolution(stack.python, PLATFORM, indexes, "unsafe-best-match" if indexes else "first-index",
+    return WheelResolution(stack.python, PLATFORM, indexes, "unsafe-best-match" if indexes else "first-index",
                       tuple(sorted([*distributions, *extra], key=lambda d: d.name)))
 
 

@@ -3,7 +3,6 @@ lock's smoke pass stands for an image, and the one-line refusals of --offline.""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -12,6 +11,8 @@ from builder.config.matrix import load_matrix
 from builder.engine.progress import Progress
 from builder.errors import UserError
 from builder.image import build, wheel_cache
+from builder.lock import store
+from builder.lock.model import SmokeRecord
 from support import REPO, run_builder
 
 MATRIX = load_matrix(REPO / "matrix.toml")
@@ -39,13 +40,15 @@ def test_a_registry_row_keeps_the_network_its_apt_step_needs(tmp_path):
     (None, None),
 ])
 def test_the_lock_smoke_pass_stands_only_for_the_same_image(smoke, expected):
-    assert build.recorded_smoke({"smoke": smoke}, IMAGE_ID) == expected
+    found = store.entry("sglang-0.5.9-cu128", REPO / "matrix.lock")
+    recorded = found.with_outcome(smoke=SmokeRecord.from_dict(smoke) if smoke else None)
+    assert build.recorded_smoke(recorded, IMAGE_ID) == expected
 
 
 def test_offline_refuses_a_row_whose_apt_step_needs_the_network(tmp_path):
-    entry = json.loads((REPO / "matrix.lock").read_text())["stacks"]["sglang-0.5.9-cu128"]
+    resolution = store.entry("sglang-0.5.9-cu128", REPO / "matrix.lock").resolution
     with pytest.raises(UserError) as failure:
-        build.fetch_wheels(REGISTRY_ROW, entry, wheel_cache.WheelCache(tmp_path), True, Progress.for_environment())
+        build.fetch_wheels(REGISTRY_ROW, resolution, wheel_cache.WheelCache(tmp_path), True, Progress.for_environment())
     assert str(failure.value) == ("sglang-0.5.9-cu128: --offline cannot build on nvidia/cuda:12.8.1-cudnn-devel-ubuntu24.04: "
                                   "its apt step needs the network; build the --local-base row")
 

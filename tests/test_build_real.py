@@ -6,6 +6,7 @@ These build multi-gigabyte images: minutes each. They run in CI (`scripts/test`)
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import subprocess
@@ -15,6 +16,7 @@ import docker
 import pytest
 
 from builder.image import render, smoke_gate, wheel_cache
+from builder.lock import store
 from builder.engine import get_engine
 from builder.engine.protocol import BuildRequest
 from builder.config.matrix import load_matrix
@@ -36,16 +38,16 @@ def test_verify_finds_two_clean_builds_of_a_small_real_stack_identical(local_bas
     read-only mount of the locked wheel, a patch layer applied and byte-compiled, the in-image tools)
     on real flashinfer, twice from empty storage. The full 11.5 GB stack takes the same path (`builder verify STACK`) but
     needs about 60 GB of free disk for its two private storages, more than CI has here."""
-    lock = json.loads((REPO / "matrix.lock").read_text())["stacks"][STACK.name]["distributions"]
-    flashinfer = lock["flashinfer-python"]
+    resolution = store.entry(STACK.name, REPO / "matrix.lock").resolution
+    flashinfer = resolution.distribution("flashinfer-python")
     patch = render.rendered_patches(STACK, MATRIX.project.patches)[-1]
     assert patch.distribution == "flashinfer-python"
     shutil.copy(REPO / patch.source, tmp_path / patch.name)
     shutil.copy(REPO / "builder/runtime/apply_patch.py", tmp_path / "apply_patch.py")
     shutil.copytree(REPO / "builder/runtime", tmp_path / "runtime", ignore=shutil.ignore_patterns("__pycache__"))
     (tmp_path / "requirements.txt").write_text(
-        f"flashinfer-python=={flashinfer['version']} --hash=sha256:{flashinfer['sha256']}\n")
-    locked = wheel_cache.locked_wheels({"distributions": {"flashinfer-python": flashinfer}})
+        f"flashinfer-python=={flashinfer.version} --hash=sha256:{flashinfer.sha256}\n")
+    locked = wheel_cache.locked_wheels(dataclasses.replace(resolution, distributions=(flashinfer,)))
     cache = wheel_cache.WheelCache()
     cache.fill(locked, STACK.python, STACK.name)
     cache.link_into(locked, tmp_path / "wheels")
@@ -85,9 +87,9 @@ def test_build_tags_only_after_smoke_passes(built, lock_copy):
     image = client.images.get(immutable)
     assert image.id == report["image_id"] == client.images.get(moving).id
     assert not [t for t in image.tags if "candidate" in t]
-    entry = json.loads(lock_copy.read_text())["stacks"][STACK.name]
-    assert entry["status"] == "smoke-passed" and entry["image"]["id"] == report["image_id"]
-    assert (REPO / entry["image"]["sbom"]).is_file()
+    outcome = store.entry(STACK.name, lock_copy).outcome
+    assert outcome.status == "smoke-passed" and outcome.image.image_id == report["image_id"]
+    assert (REPO / outcome.image.sbom).is_file()
 
 
 def test_labels_record_pins_patches_and_time_and_nothing_from_the_clone(built):

@@ -1,7 +1,8 @@
 """images/<stack>/compose.yaml: every committed one is valid for Docker Compose v2 (`config`, which
 checks the compose specification's schema and every value), and holds what a GPU host needs: one
 service per serve mode under its own profile, all GPUs, host IPC, ulimits, the mounts and the port from
-variables, a stop grace period and the entrypoint's own health check; and the image the lock records."""
+variables, a stop grace period and the entrypoint's own health check; and an image reference that no
+build or push changes (the moving tag), so the committed file stays current."""
 
 from __future__ import annotations
 
@@ -13,10 +14,12 @@ from pathlib import Path
 import pytest
 
 from builder.config.matrix import load_matrix
-from builder.image import compose, render
+from builder.image import render
 from builder.image.compose import STOP_MARGIN_S, STOP_TIMEOUT_S
-from builder.publish import lock
-from support import REPO, compose_binary
+from builder.lock import records, store
+from builder.lock.model import ImageRecord, LockedBase, PushRecord
+from builder.lock.resolution import lock_stacks
+from support import REPO, base_digest_of, compose_binary, resolution_of
 
 MATRIX = load_matrix(REPO / "matrix.toml")
 COMPOSE_FILES = sorted((REPO / "images").glob("*/compose.yaml"))
@@ -43,7 +46,7 @@ def test_committed_compose_file_is_valid_and_serves_every_mode(path):
     assert result.returncode == 0, result.stderr
     services = json.loads(result.stdout)["services"]
     assert sorted(services) == sorted(modes)
-    image = compose.image_reference(stack, lock.entry(stack, REPO / "matrix.lock")).reference
+    image = f"sglang:{stack.name.removeprefix('sglang-')}"
     for mode in stack.serve.modes:
         service = services[mode.name]
         assert service["profiles"] == [mode.name] and service["image"] == image
@@ -91,7 +94,7 @@ def test_a_dollar_in_a_profile_value_reaches_the_container_unchanged(tmp_path):
     """Compose interpolates `$`: a value written in the matrix must not be."""
     row = MATRIX.stack("sglang-0.5.9-cu128-local")
     stack = dataclasses.replace(row, serve=dataclasses.replace(row.serve, env={"PROMPT": "$HOME costs $5 ${X}"}))
-    files = render.render_stack(stack, MATRIX.project, lambda s: None, lambda s: None)
+    files = render.render_stack(stack, MATRIX.project, lambda s: None)
     path = tmp_path / "compose.yaml"
     path.write_text(files[f"images/{stack.name}/compose.yaml"])
     result = compose_config(path, "baseline", env={"HOME": "/root", "X": "x"})
@@ -111,37 +114,39 @@ def test_an_invalid_value_is_refused_by_the_validator(tmp_path):
     assert "count" in result.stderr
 
 
-# ---- which image the file names: what the lock records ---------------------------------------------
+# ---- which image the file names: the moving tag, whatever the lock's outcome --------------------
 
 
 STACK = MATRIX.stack("sglang-0.5.9-cu128-local")
-BUILT = {"image": {"id": IMAGE_ID, "digest": None, "immutable_tag": "sglang:0.5.9-cu128-local-0123456789ab"},
-         "push": None}
-PUSHED = {"image": {**BUILT["image"], "digest": DIGEST},
-          "push": {"registry": "registry.example:5000", "repository": "team/sglang", "tag": "0.5.9-cu128-local-0123456789ab",
-                   "digest": DIGEST, "reference": f"registry.example:5000/team/sglang@{DIGEST}"}}
 
 
-def compose_text(entry: dict | None) -> str:
-    files = render.render_stack(STACK, MATRIX.project, lambda s: None, lambda s: entry)
-    return files[f"images/{STACK.name}/compose.yaml"]
+def test_the_image_is_the_moving_tag_and_a_variable_names_another(tmp_path):
+    path = REPO / f"images/{STACK.name}/compose.yaml"
+    services = json.loads(compose_config(path, "baseline").stdout)["services"]
+    assert services["baseline"]["image"] == "sglang:0.5.9-cu128-local"
+    pinned = f"registry.example:5000/team/sglang@{DIGEST}"
+    services = json.loads(compose_config(path, "baseline", env={"SGLANG_IMAGE": pinned}).stdout)["services"]
+    assert services["baseline"]["image"] == pinned
 
 
-@pytest.mark.parametrize("entry, image, note", [
-    (None, "sglang:0.5.9-cu128-local", "the moving tag: matrix.lock records no image of this stack yet"),
-    (BUILT, "sglang:0.5.9-cu128-local-0123456789ab", f"has no registry digest, and its id ({IMAGE_ID})"),
-    (PUSHED, f"registry.example:5000/team/sglang@{DIGEST}", "the registry digest `builder push` recorded"),
-], ids=["not-built", "built", "pushed"])
-def test_the_image_is_named_by_digest_once_pushed_by_immutable_tag_before(entry, image, note):
-    text = compose_text(entry)
-    assert text.count(f'    image: "{image}"\n') == len(STACK.serve.modes)
-    assert note in text
+def test_builds_and_pushes_leave_the_rendered_files_as_they_are(tmp_path):
+    """Only the resolution reaches a rendered file: recording an image and a push changes none."""
+    lock_path = tmp_path / "matrix.lock"
+    lock_stacks([STACK], path=lock_path, resolver=resolution_of, base_resolver=base_digest_of)
 
+    def rendered():
+        return render.render_stack(STACK, MATRIX.project, lambda s: store.entry(s.name, lock_path).resolution)
 
-def test_a_push_of_an_earlier_image_is_not_named():
-    """A new build resets the push in the lock; were a stale one left, the tag still names the new image."""
-    stale = {"image": BUILT["image"], "push": PUSHED["push"]}
-    assert '    image: "sglang:0.5.9-cu128-local-0123456789ab"\n' in compose_text(stale)
+    before = rendered()
+    base = LockedBase(STACK.base.name, STACK.base.image, True)
+    records.record_build(STACK.name, ImageRecord(IMAGE_ID, "sglang:0.5.9-cu128-local-0123456789ab",
+                                                 ("sglang:0.5.9-cu128-local-0123456789ab",), "f" * 64, base,
+                                                 STACK.source_date_epoch, "r.json", "p.json"), {"passed": True},
+                         lock_path)
+    records.record_push(STACK.name, PushRecord("registry.example:5000", "team/sglang", "0.5.9-cu128-local", DIGEST),
+                        path=lock_path)
+    assert store.entry(STACK.name, lock_path).outcome.push.manifest_digest == DIGEST
+    assert rendered() == before
 
 
 def test_check_covers_the_compose_file(tmp_path):

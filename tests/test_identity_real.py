@@ -13,6 +13,7 @@ import docker
 import pytest
 
 from builder.engine.buildah import BuildahEngine
+from builder.lock import store
 from support import REPO, run_builder
 
 pytestmark = [pytest.mark.engine, pytest.mark.network, pytest.mark.slow]
@@ -25,7 +26,8 @@ def git(*args: str, cwd: Path) -> str:
 
 
 def committed_image_id() -> str:
-    return json.loads(git("show", "HEAD:matrix.lock", cwd=REPO))["stacks"][STACK]["image"]["id"]
+    committed = store.parse(git("show", "HEAD:matrix.lock", cwd=REPO), Path("HEAD:matrix.lock"))
+    return committed.require(STACK).outcome.image.image_id
 
 
 def clone(destination: Path, remote: str) -> Path:

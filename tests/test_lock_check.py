@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 
 from builder.image import context
-from builder.publish import lock, lock_check
+from builder.lock import check as lock_check, records
+from builder.lock.model import ImageRecord, LockedBase
+from builder.lock.resolution import record_base
 from builder.config.matrix import load_matrix
 from support import clone_checkout, run_builder
 
@@ -26,26 +28,27 @@ def project(tmp_path, monkeypatch):
     monkeypatch.delenv("BUILDER_LOCK", raising=False)
     matrix = load_matrix(root / "matrix.toml")
     stack = matrix.stack("sglang-0.5.9-cu128-local")
-    lock.record_base("debian-bookworm", BASE, path=root / "matrix.lock")
+    record_base("debian-bookworm", BASE, path=root / "matrix.lock")
     inputs = context.build_inputs(stack, root, BASE)
     report = root / "build-reports" / f"{stack.name}.json"
     report.parent.mkdir(exist_ok=True)
     report.write_text(json.dumps({"inputs": {"files": [
         {"path": f.path, "mode": f"{f.mode:o}", "sha256": f.sha256} for f in inputs.files]}}))
-    lock.record_build(stack, lock.ImageRecord(
-        image_id=IMAGE, tags=("sglang:x", "sglang:y"), inputs_hash=inputs.hash, base_digest=BASE,
+    base = LockedBase(stack.base.name, stack.base.image, True, image_id=BASE)
+    records.record_build(stack.name, ImageRecord(
+        image_id=IMAGE, immutable_tag="sglang:x", tags=("sglang:x", "sglang:y"), inputs_hash=inputs.hash, base=base,
         source_date_epoch=stack.source_date_epoch, report=f"build-reports/{stack.name}.json",
         provenance="p.json"), {"passed": True}, root / "matrix.lock")
     return root, matrix, stack
 
 
 def problems(root: Path, matrix, stacks=None) -> list[str]:
-    return lock_check.stale_rows(stacks or matrix.all_rows(), root, root / "matrix.lock")[0]
+    return lock_check.stale_rows(stacks or matrix.all_rows(), root, root / "matrix.lock", context.build_inputs)[0]
 
 
 def test_a_current_record_passes_and_rows_without_images_are_notes(project):
     root, matrix, _ = project
-    found, notes = lock_check.stale_rows(matrix.all_rows(), root, root / "matrix.lock")
+    found, notes = lock_check.stale_rows(matrix.all_rows(), root, root / "matrix.lock", context.build_inputs)
     assert found == []
     assert "sglang-0.5.9-cu130: not locked" in notes
 
@@ -61,9 +64,9 @@ def test_a_changed_patch_is_named(project):
 
 def test_a_new_base_digest_or_epoch_is_named(project):
     root, matrix, stack = project
-    lock.record_base("debian-bookworm", "sha256:" + "c" * 64, path=root / "matrix.lock")
+    record_base("debian-bookworm", "sha256:" + "c" * 64, path=root / "matrix.lock")
     assert f"(base digest {BASE} -> sha256:{'c' * 64})" in problems(root, matrix)[0]
-    lock.record_base("debian-bookworm", BASE, path=root / "matrix.lock")
+    record_base("debian-bookworm", BASE, path=root / "matrix.lock")
     later = dataclasses.replace(stack, source_date_epoch=stack.source_date_epoch + 1)
     assert f"(SOURCE_DATE_EPOCH {stack.source_date_epoch} -> {stack.source_date_epoch + 1})" in \
         problems(root, matrix, (later,))[0]
@@ -71,7 +74,7 @@ def test_a_new_base_digest_or_epoch_is_named(project):
 
 def test_a_pinned_image_the_inputs_cannot_make_is_named_and_the_command_exits_1(project):
     root, matrix, stack = project
-    lock.pin(stack, [], root / "matrix.lock")
+    records.pin(stack.name, [], root / "matrix.lock")
     (root / "builder/runtime/stackinfo.py").write_text("# changed\n")
     env = {key: value for key, value in os.environ.items() if key != "BUILDER_LOCK"}
     result = run_builder("lock", "--check", env=env, cwd=root)

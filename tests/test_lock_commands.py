@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from builder.config import reference_figures
-from builder.publish import lock
+from builder.lock import store
+from builder.lock.resolution import lock_stacks
 from builder.cli.main import main
 from builder.errors import UserError
 from builder.config.matrix import load_matrix
@@ -72,7 +73,7 @@ def test_pin_refuses_a_stack_that_was_never_built(lock_path, capsys):
 
 def test_pin_promotes_a_smoke_tested_image_with_its_reference_figures(lock_path, tmp_path, capsys, record_image):
     stack = MATRIX.stack("sglang-0.5.9-cu130")
-    lock.lock_stacks([stack], path=lock_path, resolver=resolution_of, base_resolver=base_digest_of)
+    lock_stacks([stack], path=lock_path, resolver=resolution_of, base_resolver=base_digest_of)
     record_image(stack, IMAGE, ["sglang:0.5.9-cu130-abc"], lock_path)
     report = tmp_path / "bench.json"
     report.write_text(json.dumps(bench_report(mode="baseline", tok_s=90.2, stack=stack.name)))
@@ -80,12 +81,12 @@ def test_pin_promotes_a_smoke_tested_image_with_its_reference_figures(lock_path,
     assert (status, err) == (0, "")
     assert out == (f"sglang-0.5.9-cu130: pinned image {IMAGE} (2 reference figure(s); "
                    "measured: baseline 90.2 tok/s)\n")
-    entry = lock.entry(stack, lock_path)
-    assert entry["status"] == "pinned"
-    assert [(f["mode"], f["attention_backend"], f["tok_s"], f["pinned"]) for f in entry["bench"]["reference"]] == [
+    outcome = store.entry(stack.name, lock_path).outcome
+    assert outcome.status == "pinned"
+    assert [(f["mode"], f["attention_backend"], f["tok_s"], f["pinned"]) for f in outcome.bench.reference] == [
         ("baseline", "triton", 83.9, False), ("eagle3", "flashinfer", 96.1, True)]
     assert all(f["hardware"]["description"] == "8x NVIDIA RTX PRO 6000 Blackwell, PCIe Gen5, no NVLink"
-               for f in entry["bench"]["reference"])
+               for f in outcome.bench.reference)
 
 
 # --- bench/reference.toml ----------------------------------------------------------------------
@@ -144,7 +145,7 @@ def test_bad_reference_files_are_one_line_errors(tmp_path, old, new, message):
 
 def test_matrix_views_take_the_base_digest_from_the_lock(lock_path, capsys):
     cu128 = MATRIX.stack("sglang-0.5.9-cu128")
-    lock.lock_stacks([cu128], path=lock_path, resolver=resolution_of, base_resolver=base_digest_of)
+    lock_stacks([cu128], path=lock_path, resolver=resolution_of, base_resolver=base_digest_of)
     status, out, _ = run(capsys, "matrix", "--github")
     rows = {row["stack"]: row["base_image"] for row in json.loads(out)["include"]}
     assert status == 0

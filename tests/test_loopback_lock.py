@@ -20,13 +20,20 @@ from builder.config.matrix import load_matrix
 from builder.engine.buildah import BuildahEngine
 from builder.engine.progress import Progress
 from builder.image import build, context, wheel_cache
-from builder.publish import base_digest, lock
+from builder.lock import store
+from builder.lock.model import LockedBase
+from builder.lock.resolution import base_pin, check_current, record_base
+from builder.publish import base_digest
 from builder.publish.registry_http import Retry
 from builder.errors import UserError
 from loopback_index import LoopbackServer, cu130_env, cu130_project, sha256_of
 from support import REPO, Registry, free_port, run_builder
 
 pytestmark = pytest.mark.engine  # the registry's base is pushed from buildah's storage
+
+
+def distributions(locked) -> dict:
+    return {d.name: d for d in locked["resolution"].distributions}
 
 LOCAL_ROW = "sglang-0.5.9-cu128-local"  # its lock entry holds the digest `builder base` recorded
 
@@ -55,63 +62,63 @@ def locked(tmp_path_factory, pushed_base):
     lock_run = run_builder("lock", "--matrix", str(project.matrix), "--stack", project.stack, env=env)
     render_run = run_builder("render", "--matrix", str(project.matrix), "--stack", project.stack, env=env)
     yield {"project": project, "server": server, "env": env, "lock": lock_run, "render": render_run,
-           "entry": json.loads((project.root / "matrix.lock").read_text())["stacks"][project.stack]}
+           "resolution": store.entry(project.stack, project.root / "matrix.lock").resolution}
     server.stop()
 
 
 def test_lock_records_the_registry_digest_of_the_base_builder_base_made(locked, pushed_base):
     assert locked["lock"].returncode == 0, locked["lock"].stderr
     registry = pushed_base["registry"]
-    base = locked["entry"]["base"]
+    base = locked["resolution"].base
     digest = registry.manifest_digest("nvidia/cuda", "13.0.1-cudnn-devel-ubuntu24.04")
-    assert base == {"name": "cuda-13.0.1", "image": locked["project"].base_image, "digest": digest, "local": False}
+    assert base == LockedBase("cuda-13.0.1", locked["project"].base_image, False, manifest_digest=digest)
     assert digest == pushed_base["pushed_digest"]
     # That manifest is the image `builder base` made: its config digest (the image id) is what the lock records.
     manifest = json.loads(subprocess.run(
         ["buildah", "inspect", "--type", "image", "--format", "{{.Manifest}}", pushed_base["local_base"]],
         check=True, capture_output=True, text=True).stdout)
-    recorded = json.loads((REPO / "matrix.lock").read_text())["stacks"][LOCAL_ROW]["base"]["digest"]
+    recorded = store.entry(LOCAL_ROW, REPO / "matrix.lock").resolution.base.image_id
     assert manifest["config"]["digest"] == recorded
 
 
 def test_every_source_kind_is_locked_from_the_right_place(locked):
-    project, entry = locked["project"], locked["entry"]
-    found = entry["distributions"]
-    versions = {name: item["version"] for name, item in found.items()}
+    project, resolution = locked["project"], locked["resolution"]
+    found = distributions(locked)
+    versions = {name: item.version for name, item in found.items()}
     assert versions == {"filelock": "3.20.0", "flashinfer-cubin": "0.6.4", "flashinfer-jit-cache": "0.6.4+cu130",
                         "flashinfer-python": "0.6.4", "sgl-kernel": "0.3.21+cu130", "sglang": "0.5.9",
                         "torch": "2.9.1+cu130"}
-    sources = {name: item["source"] for name, item in found.items()}
+    sources = {name: item.source for name, item in found.items()}
     assert sources == {"filelock": "default index", "flashinfer-cubin": "default index",
                        "flashinfer-jit-cache": project.flashinfer_index, "flashinfer-python": "default index",
                        "sgl-kernel": project.sgl_kernel_url, "sglang": "default index",
                        "torch": project.torch_index}
     for name, item in found.items():
-        assert item["sha256"] == sha256_of(project.wheel(name, item["version"])), name
-        assert item["hashes"] == [item["sha256"]]
-    assert entry["indexes"] == [project.flashinfer_index, project.torch_index]
-    assert entry["index_strategy"] == "unsafe-best-match"
-    assert {name: item["group"] for name, item in found.items()} == {
+        assert item.sha256 == sha256_of(project.wheel(name, item.version)), name
+        assert item.hashes == (item.sha256,)
+    assert resolution.indexes == (project.flashinfer_index, project.torch_index)
+    assert resolution.index_strategy == "unsafe-best-match"
+    assert {name: item.group for name, item in found.items()} == {
         "torch": "torch", "filelock": "torch", "sgl-kernel": "kernels", "flashinfer-python": "kernels",
         "flashinfer-cubin": "kernels", "flashinfer-jit-cache": "kernels", "sglang": "sglang"}
 
 
 def test_render_writes_hashed_requirements_and_the_pinned_base(locked):
     assert locked["render"].returncode == 0, locked["render"].stderr
-    project, found = locked["project"], locked["entry"]["distributions"]
+    project, found = locked["project"], distributions(locked)
     folder = project.root / "images" / project.stack
     dockerfile = (folder / "Dockerfile").read_text()
-    pinned = project.base_image.removesuffix(":13.0.1-cudnn-devel-ubuntu24.04") + "@" + locked["entry"]["base"]["digest"]
+    pinned = project.base_image.removesuffix(":13.0.1-cudnn-devel-ubuntu24.04") + "@" + locked["resolution"].base.manifest_digest
     assert (f"\n# {project.base_image}, pinned to the digest `builder lock` resolved (matrix.lock).\n"
             f"FROM {pinned}\n") in dockerfile
     torch = (folder / "requirements" / "10-torch.txt").read_text()
     # Exactly the locked file per distribution and no source: the build installs with --no-index
     # from the wheel cache, which `builder fetch` fills from the index, URL and default index.
     assert torch.splitlines()[2:] == [
-        "filelock==3.20.0 \\", f"    --hash=sha256:{found['filelock']['sha256']}",
-        "torch==2.9.1+cu130 \\", f"    --hash=sha256:{found['torch']['sha256']}"]
+        "filelock==3.20.0 \\", f"    --hash=sha256:{found['filelock'].sha256}",
+        "torch==2.9.1+cu130 \\", f"    --hash=sha256:{found['torch'].sha256}"]
     kernels = (folder / "requirements" / "20-kernels.txt").read_text()
-    assert f"sgl-kernel==0.3.21+cu130 \\\n    --hash=sha256:{found['sgl-kernel']['sha256']}\n" in kernels
+    assert f"sgl-kernel==0.3.21+cu130 \\\n    --hash=sha256:{found['sgl-kernel'].sha256}\n" in kernels
     check = run_builder("render", "--check", "--matrix", str(project.matrix), "--stack", project.stack,
                         env=locked["env"])
     assert check.returncode == 0, check.stdout + check.stderr
@@ -130,11 +137,11 @@ def test_fetch_takes_every_file_from_its_source_and_pip_installs_exactly_those(l
     assert fetched.returncode == 0, fetched.stderr
     assert fetched.stdout.endswith("7 locked wheels in " + str(tmp_path / "cache" / "locked-wheels") + " (7 downloaded, "
                                    f"{sum(p.stat().st_size for p in locked['project'].wheels.values() if _locked(locked, p))} bytes)\n")
-    project, found = locked["project"], locked["entry"]["distributions"]
+    project, found = locked["project"], distributions(locked)
     flat = tmp_path / "wheels"
     flat.mkdir()
     for item in found.values():
-        (flat / item["wheel"]).symlink_to(tmp_path / "cache" / "locked-wheels" / "sha256" / item["sha256"] / item["wheel"])
+        (flat / item.wheel).symlink_to(tmp_path / "cache" / "locked-wheels" / "sha256" / item.sha256 / item.wheel)
     requirements = sorted((project.root / "images" / project.stack / "requirements").glob("*.txt"))
     installed = subprocess.run(
         [sys.executable, "-m", "pip", "install", "--isolated", "--disable-pip-version-check", "--no-index",
@@ -146,7 +153,7 @@ def test_fetch_takes_every_file_from_its_source_and_pip_installs_exactly_those(l
     for info in (tmp_path / "site").glob("*.dist-info"):
         fields = dict(line.split(": ", 1) for line in (info / "METADATA").read_text().splitlines() if ": " in line)
         metadata[fields["Name"]] = fields["Version"]
-    assert metadata == {name: item["version"] for name, item in found.items()}
+    assert metadata == {name: item.version for name, item in found.items()}
     origin = {name: (tmp_path / "site" / name.replace("-", "_") / "__init__.py").read_text() for name in found}
     assert origin["torch"] == "SOURCE = 'torch-cu130'\n"
     assert origin["filelock"] == "SOURCE = 'default'\n"  # not the PyTorch index's older copy
@@ -155,8 +162,8 @@ def test_fetch_takes_every_file_from_its_source_and_pip_installs_exactly_those(l
 
 
 def _locked(locked, path: Path) -> bool:
-    return any(item["wheel"] == path.name and item["sha256"] == sha256_of(path)
-               for item in locked["entry"]["distributions"].values())
+    return any(item.wheel == path.name and item.sha256 == sha256_of(path)
+               for item in locked["resolution"].distributions)
 
 
 @pytest.mark.parametrize("name, version", [("torch", "2.9.1+cu130"), ("sgl-kernel", "0.3.21+cu130")])
@@ -171,7 +178,7 @@ def test_a_wheel_swapped_on_the_server_is_refused_by_hash(locked, tmp_path, name
     assert fetched.returncode == 1
     assert fetched.stderr.splitlines()[-1] + "\n" == (f"builder: error: {project.stack}: 1 locked wheels could not be fetched ({name}=={version}): "
                               "the file served is not the one the lock names (sha256 differs); pip refused it\n")
-    expected = locked["entry"]["distributions"][name]["sha256"]
+    expected = distributions(locked)[name].sha256
     assert not (tmp_path / "cache" / "locked-wheels" / "sha256" / expected).exists()
     kept = list((tmp_path / "cache" / "locked-wheels" / "sha256").iterdir())
     assert len(kept) == 6  # every other file matched the lock and stays
@@ -215,17 +222,17 @@ def test_the_row_builds_on_the_local_base_from_the_fetched_wheels_with_no_networ
         done = run_builder(*command, "--matrix", str(matrix), "--stack", project.stack, "--local-base", env=env)
         assert done.returncode == 0, (command, done.stderr)
     lock_path = project.root / "matrix.lock"
-    recorded = json.loads((REPO / "matrix.lock").read_text())["stacks"][LOCAL_ROW]["base"]["digest"]
-    lock.record_base("debian-bookworm", recorded, lock_path)  # what `builder base` records for the local base
+    recorded = store.entry(LOCAL_ROW, REPO / "matrix.lock").resolution.base.image_id
+    record_base("debian-bookworm", recorded, lock_path)  # what `builder base` records for the local base
 
     stack = load_matrix(matrix, local_base=True).stack(project.stack + "-local")
-    entry = lock.check_current(stack, lock_path)
+    resolution = check_current(stack, lock_path).resolution
     cache = wheel_cache.WheelCache(tmp_path / "cache" / "locked-wheels")
     progress = Progress.for_environment()
-    fetched = build.fetch_wheels(stack, entry, cache, offline=True, progress=progress)
+    fetched = build.fetch_wheels(stack, resolution, cache, offline=True, progress=progress)
     assert fetched.downloaded_bytes == 0  # offline: everything was already in the cache
-    inputs = context.build_inputs(stack, project.root, lock.base_digest(stack, entry))
-    dockerfile = build.stage_context(inputs, project.root, entry, cache, tmp_path / "context")
+    inputs = context.build_inputs(stack, project.root, base_pin(stack, resolution))
+    dockerfile = build.stage_context(inputs, project.root, resolution, cache, tmp_path / "context")
     request = build.build_request(stack, tmp_path / "context", dockerfile, "localhost/loopback-row:test", False,
                                   progress)
     assert request.network == "none" and not request.add_hosts and not request.secrets
@@ -235,12 +242,12 @@ def test_the_row_builds_on_the_local_base_from_the_fetched_wheels_with_no_networ
         with engine.mounted(request.tags[0]) as root:
             site = root / "opt" / "venv" / "lib" / "python3.11" / "site-packages"
             origin = {name: (site / name.replace("-", "_") / "__init__.py").read_text()
-                      for name in entry["distributions"]}
+                      for name in (d.name for d in resolution.distributions)}
             found = dict(path.name.removesuffix(".dist-info").split("-") for path in site.glob("*.dist-info"))
             versions = {name: version for name, version in found.items() if name not in ("pip", "setuptools")}
     finally:
         engine.remove(request.tags[0])
-    assert versions == {name.replace("-", "_"): item["version"] for name, item in entry["distributions"].items()}
+    assert versions == {d.name.replace("-", "_"): d.version for d in resolution.distributions}
     assert origin["torch"] == "SOURCE = 'torch-cu130'\n"
     assert origin["filelock"] == "SOURCE = 'default'\n"
     assert origin["sgl-kernel"] == "SOURCE = 'v0.3.21'\n"

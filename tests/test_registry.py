@@ -3,6 +3,7 @@ started on loopback, through the real Docker daemon, with tiny images made here.
 
 from __future__ import annotations
 
+import dataclasses
 import http.server
 import os
 import threading
@@ -10,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from builder.publish import lock, registry
+from builder.lock import records, store
+from builder.lock.model import PushRecord
+from builder.publish import registry
 from builder.cli.main import main
 from builder.errors import BuildFailure, UserError
 from builder.config.matrix import load_matrix
@@ -106,11 +109,10 @@ def test_push_then_pull_by_digest(client, live_registry, image, cu128_lock, caps
     pushed = registry.push(STACK.name, live_registry.host, client=client, lock_path=cu128_lock)
     digest = live_registry.manifest_digest(image["repository"], "0.5.9-cu128-abc123")
     assert pushed["digest"] == digest
-    recorded = lock.entry(STACK, cu128_lock)["push"]
-    assert recorded == {"registry": live_registry.host, "repository": image["repository"],
-                        "tag": "0.5.9-cu128-abc123", "digest": digest,
-                        "reference": f"{live_registry.host}/{image['repository']}@{digest}"}
-    assert lock.entry(STACK, cu128_lock)["image"]["digest"] == digest
+    outcome = store.entry(STACK.name, cu128_lock).outcome
+    assert outcome.push == PushRecord(live_registry.host, image["repository"], "0.5.9-cu128-abc123", digest)
+    assert outcome.push.reference == f"{live_registry.host}/{image['repository']}@{digest}"
+    assert outcome.image.manifest_digest == digest
 
     client.images.remove(image["id"], force=True)  # the pull must come from the registry
     status = main(["pull", STACK.name])
@@ -200,7 +202,7 @@ def test_a_registry_that_recovers_gets_the_push(client, image, cu128_lock, tmp_p
                                client=client, lock_path=cu128_lock)
         assert sleeps.delays == [0.01, 0.02]
         assert pushed["digest"] == server.manifest_digest(image["repository"], "0.5.9-cu128-abc123")
-        assert lock.entry(STACK, cu128_lock)["push"]["digest"] == pushed["digest"]
+        assert store.entry(STACK.name, cu128_lock).outcome.push.manifest_digest == pushed["digest"]
         err = capsys.readouterr().err
         assert "unreachable (connection refused); retrying in 0.01 s (attempt 2 of 4)" in err
         assert "answered HTTP 500 on /v2/; retrying in 0.02 s (attempt 3 of 4)" in err
@@ -212,7 +214,11 @@ def test_pull_checks_the_image_against_the_lock(client, live_registry, image, cu
     record_cu128(cu128_lock, image)
     registry.push(STACK.name, live_registry.host, client=client, lock_path=cu128_lock)
     wrong = "sha256:" + "9" * 64
-    lock.update(lambda data: data["stacks"][STACK.name]["image"].update(id=wrong), path=cu128_lock)
+    def record_another_id(lock):
+        found = lock.require(STACK.name)
+        lock.put(found.with_outcome(image=dataclasses.replace(found.outcome.image, image_id=wrong)))
+
+    store.update(record_another_id, path=cu128_lock)
     with pytest.raises(BuildFailure, match=rf"@sha256:[0-9a-f]{{64}} is image {image['id']}, but matrix.lock records {wrong}$"):
         registry.pull(STACK.name, client=client, lock_path=cu128_lock)
 
@@ -221,7 +227,7 @@ def test_pull_and_push_refuse_what_the_lock_does_not_support(client, image, cu12
     with pytest.raises(UserError, match=rf"^{STACK.name}: no image recorded in matrix.lock: run `builder build"):
         registry.push(STACK.name, "127.0.0.1:5000", client=client, lock_path=cu128_lock)
     record_cu128(cu128_lock, image)
-    lock.record_smoke(STACK.name, passed=False, report={"passed": False}, path=cu128_lock)
+    records.record_smoke(STACK.name, passed=False, report={"passed": False}, path=cu128_lock)
     with pytest.raises(UserError, match=rf"^{STACK.name}: image {image['id']} has not passed smoke"):
         registry.push(STACK.name, "127.0.0.1:5000", client=client, lock_path=cu128_lock)
     with pytest.raises(UserError, match=rf"^{STACK.name}: matrix.lock records no push; run `builder push"):

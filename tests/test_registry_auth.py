@@ -14,7 +14,8 @@ import bcrypt
 import pytest
 import requests
 
-from builder.publish import lock, registry, registry_auth
+from builder.lock import store
+from builder.publish import registry, registry_auth
 from builder.cli.main import main
 from builder.config.matrix import load_matrix
 from builder.errors import BuildFailure, UserError
@@ -121,7 +122,7 @@ def test_right_credentials_push(client, secured, image, cu128_lock, tmp_path, mo
     record_cu128(cu128_lock, image)
     pushed = registry.push(STACK.name, secured.host, client=client, lock_path=cu128_lock)
     assert manifest_config_digest(secured, image["repository"]) == image["id"]
-    assert lock.entry(STACK, cu128_lock)["push"]["digest"] == pushed["digest"]
+    assert store.entry(STACK.name, cu128_lock).outcome.push.manifest_digest == pushed["digest"]
     # The same image again: the probe reads the tag (authenticated) and finds this very image.
     assert registry.push(STACK.name, secured.host, client=client, lock_path=cu128_lock)["digest"] == pushed["digest"]
 

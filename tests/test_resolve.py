@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from builder.publish import lock, resolve
+from builder.lock import resolve
+from builder.lock.model import DEFAULT_INDEX
+from builder.lock.resolution import check_current, lock_stacks, requirements
 from builder.errors import UserError
 from builder.config.matrix import load_matrix
 from builder.config.stack import Override, Package
@@ -94,7 +96,7 @@ def test_resolves_closure_with_hashes_sources_and_groups(demo):
     assert found["demo-accel"].source == demo["extra"]
     assert found["demo-accel-runtime"].source == demo["extra"]
     assert found["demo-kernel"].source == demo["direct_url"] == found["demo-kernel"].url
-    assert found["demo-app"].source == found["demo-lib"].source == resolve.DEFAULT_INDEX
+    assert found["demo-app"].source == found["demo-lib"].source == DEFAULT_INDEX
     groups = {name: dist.group for name, dist in found.items()}
     assert groups == {
         "demo-accel": "torch", "demo-accel-runtime": "torch", "demo-lib": "torch",
@@ -106,8 +108,8 @@ def test_resolves_closure_with_hashes_sources_and_groups(demo):
 def test_requirements_texts_pin_each_group_to_the_locked_files(demo, tmp_path):
     stack = demo_stack(demo)
     path = tmp_path / "matrix.lock"
-    lock.lock_stacks([stack], path=path, base_resolver=base_digest_of)
-    texts = lock.requirements_for(stack, path)
+    lock_stacks([stack], path=path, base_resolver=base_digest_of)
+    texts = requirements(check_current(stack, path).resolution)
     accel, kernel = demo["files"]["demo_accel-2.0+cu999-py3-none-any.whl"], demo["files"]["demo_kernel-1.0-py3-none-any.whl"]
     # The sources (extra index, direct URL) are the wheel cache's to use; pip installs with no index.
     assert f"demo-accel==2.0+cu999 \\\n    --hash=sha256:{sha256_of(accel)}\n" in texts["torch"]
@@ -127,10 +129,10 @@ def test_without_the_override_the_declared_pin_conflicts(demo):
 def test_unreachable_extra_index_is_one_line_and_writes_nothing(demo, tmp_path):
     dead = f"http://127.0.0.1:{free_port()}/simple"
     path = tmp_path / "matrix.lock"
-    lock.lock_stacks([demo_stack(demo)], path=path, base_resolver=base_digest_of)
+    lock_stacks([demo_stack(demo)], path=path, base_resolver=base_digest_of)
     before = path.read_bytes()
     with pytest.raises(UserError) as failure:
-        lock.lock_stacks([demo_stack(demo), demo_stack(demo, extra_index=dead)], path=path,
+        lock_stacks([demo_stack(demo), demo_stack(demo, extra_index=dead)], path=path,
                          base_resolver=base_digest_of)
     assert str(failure.value) == (
         f"demo-row: cannot reach package index {dead} (connection refused); nothing was locked")

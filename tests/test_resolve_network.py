@@ -12,7 +12,10 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from builder.publish import lock, resolve
+from builder.lock import resolve
+from builder.lock.model import DEFAULT_INDEX
+from builder.lock.resolution import lock_stacks
+from builder.publish import base_digest
 from builder.errors import UserError
 from builder.config.matrix import load_matrix
 
@@ -41,7 +44,7 @@ def test_cu128_row_resolves_with_the_override_applied(cu128):
         assert len(dist.sha256) == 64 and int(dist.sha256, 16) >= 0, dist
         assert dist.sha256 in dist.hashes
         assert dist.wheel.endswith(".whl")
-        assert dist.source == resolve.DEFAULT_INDEX
+        assert dist.source == DEFAULT_INDEX
 
 
 def test_cu128_groups(cu128):
@@ -86,7 +89,7 @@ def test_cu130_row_fails_on_the_unreachable_indexes_and_locks_nothing(tmp_path):
         pytest.skip("PyTorch's index is reachable from here")
     path = tmp_path / "matrix.lock"
     with pytest.raises(UserError) as failure:
-        lock.lock_stacks([CU128, CU130], path=path)
+        lock_stacks([CU128, CU130], path=path, base_resolver=base_digest.resolve)
     message = str(failure.value)
     assert message.startswith("sglang-0.5.9-cu130: ") and message.endswith("; nothing was locked")
     assert f"cannot reach package index {torch_index} (host name does not resolve)" in message

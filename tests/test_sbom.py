@@ -19,10 +19,12 @@ from cyclonedx.schema import SchemaVersion
 from cyclonedx.validation.json import JsonStrictValidator
 
 from builder.image import sbom
-from builder.publish import lock
+from builder.lock import store
+from builder.lock.resolution import lock_stacks, record_base
 from builder.errors import BuildFailure
 from builder.config.matrix import load_matrix
-from builder.publish.resolve import PLATFORM, Distribution, Resolution
+from builder.lock.model import Distribution
+from builder.lock.resolve import PLATFORM, WheelResolution
 from support import base_digest_of
 
 REPO = Path(__file__).resolve().parent.parent
@@ -43,10 +45,10 @@ def locked_distribution(name: str, version: str, group: str = "sglang") -> Distr
 
 
 def test_bom_components_hashes_and_lock_agreement():
-    locked = {
-        "torch": {"version": "2.9.1", "sha256": "a" * 64, "group": "torch", "wheel": "torch-2.9.1-cp312.whl"},
-        "sglang": {"version": "0.5.9", "sha256": "b" * 64, "group": "sglang", "wheel": "sglang-0.5.9.whl"},
-    }
+    locked = (
+        Distribution("torch", "2.9.1", "a" * 64, "torch-2.9.1-cp312.whl", ("a" * 64,), "default index", "torch"),
+        Distribution("sglang", "0.5.9", "b" * 64, "sglang-0.5.9.whl", ("b" * 64,), "default index", "sglang"),
+    )
     installed = [("torch", "2.9.1", None), ("SGLang", "0.5.8", None), ("pip", "25.0", None),
                  ("demo-url", "1.0", "c" * 64), ("torch", "2.9.1", None)]
     bom = sbom.build_bom(STACK.name, "sha256:" + "f" * 64, installed, locked, EPOCH)
@@ -145,14 +147,14 @@ def test_sbom_of_a_real_image_written_with_the_locked_hashes(python_image, tmp_p
     installed = sbom.installed_distributions(image_id, client)
     assert sorted((name.lower(), version) for name, version, _ in installed) == sorted(versions.items())
 
-    resolution = Resolution(STACK.python, PLATFORM, (), "first-index", (
+    resolution = WheelResolution(STACK.python, PLATFORM, (), "first-index", (
         locked_distribution("jinja2", "0.0.1"),  # not what the image holds
         locked_distribution("packaging", versions["packaging"]),
     ))
     path = tmp_path / "matrix.lock"
-    lock.lock_stacks([STACK], path=path, resolver=lambda s: resolution, base_resolver=base_digest_of)
+    lock_stacks([STACK], path=path, resolver=lambda s: resolution, base_resolver=base_digest_of)
     target = sbom.sbom_path(tmp_path / "build-reports" / f"{STACK.name}.json")
-    written = sbom.write_bom(target, STACK.name, image_id, lock.entry(STACK, path), client=client)
+    written = sbom.write_bom(target, STACK.name, image_id, store.entry(STACK.name, path).resolution, client=client)
     assert written == tmp_path / "build-reports" / f"{STACK.name}.cdx.json"
     text = written.read_text()
     validate(text)
@@ -217,12 +219,12 @@ def test_the_sbom_lists_debian_packages_torch_and_the_base_with_its_digest(debia
     path = tmp_path / "matrix.lock"
     local = load_matrix(REPO / "matrix.toml").stack("sglang-0.5.9-cu128-local")
     torch_version = importlib.metadata.version("torch")
-    resolution = Resolution(local.python, PLATFORM, (), "first-index",
+    resolution = WheelResolution(local.python, PLATFORM, (), "first-index",
                             (locked_distribution("torch", torch_version, "torch"),))
-    lock.lock_stacks([local], path=path, resolver=lambda s: resolution)
-    lock.record_base(local.base.name, base.image_id, path=path)
+    lock_stacks([local], path=path, resolver=lambda s: resolution, base_resolver=base_digest_of)
+    record_base(local.base.name, base.image_id, path=path)
 
-    written = sbom.write_bom(tmp_path / "r.cdx.json", local.name, image_id, lock.entry(local, path), client=client)
+    written = sbom.write_bom(tmp_path / "r.cdx.json", local.name, image_id, store.entry(local.name, path).resolution, client=client)
     text = written.read_text()
     validate(text)
     document = json.loads(text)

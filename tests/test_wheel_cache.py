@@ -8,8 +8,8 @@ through a file URL, the `url =` source kind, so no index is needed; the default-
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hashlib
-import json
 import os
 import zipfile
 from pathlib import Path
@@ -18,6 +18,8 @@ import pytest
 
 from builder.errors import BuildFailure, UserError
 from builder.image import wheel_cache
+from builder.lock import store
+from builder.lock.model import Distribution, LockedBase, Resolution
 from tests.support import REPO
 
 
@@ -45,15 +47,16 @@ def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def url_entry(wheels: list[Path], python: str = "3.11") -> dict:
-    """A lock entry whose distributions all come from direct file URLs."""
-    distributions = {}
+def url_entry(wheels: list[Path], python: str = "3.11") -> Resolution:
+    """A resolution whose distributions all come from direct file URLs."""
+    distributions = []
     for wheel in wheels:
         name, version = wheel.name.split("-")[:2]
-        distributions[name] = {"version": version, "wheel": wheel.name, "sha256": sha256(wheel),
-                               "hashes": [sha256(wheel)], "source": wheel.as_uri(), "url": wheel.as_uri(),
-                               "group": "sglang"}
-    return {"python": python, "distributions": distributions}
+        distributions.append(Distribution(name, version, sha256(wheel), wheel.name, (sha256(wheel),),
+                                          wheel.as_uri(), "sglang", wheel.as_uri()))
+    base = LockedBase("debian-bookworm", "localhost/builder-base:debian-bookworm", True)
+    return Resolution("row", "0" * 64, python, "x86_64-manylinux_2_28", (), "first-index", (), base, 0,
+                      tuple(distributions))
 
 
 @pytest.fixture
@@ -69,8 +72,8 @@ def test_fill_downloads_each_wheel_once_and_keys_it_by_content(tmp_path, served)
     cache = wheel_cache.WheelCache(tmp_path / "cache")
     locked = wheel_cache.locked_wheels(entry)
 
-    first = cache.fill(locked, entry["python"], "row")
-    second = cache.fill(locked, entry["python"], "row")
+    first = cache.fill(locked, entry.python, "row")
+    second = cache.fill(locked, entry.python, "row")
 
     assert (first.downloaded, first.downloaded_bytes) == (2, sum(w.stat().st_size for w in wheels))
     assert (second.downloaded, second.downloaded_bytes) == (0, 0)
@@ -87,7 +90,7 @@ def test_a_tampered_wheel_is_refused_and_never_enters_the_cache(tmp_path, served
     locked = wheel_cache.locked_wheels(entry)
 
     with pytest.raises(BuildFailure) as failure:
-        cache.fill(locked, entry["python"], "row")
+        cache.fill(locked, entry.python, "row")
 
     message = str(failure.value)
     assert "\n" not in message and "beta==2.0" in message and "alpha" not in message
@@ -110,7 +113,7 @@ def test_link_into_makes_a_flat_directory_of_hard_links(tmp_path, served):
     wheels, entry = served
     cache = wheel_cache.WheelCache(tmp_path / "cache")
     locked = wheel_cache.locked_wheels(entry)
-    cache.fill(locked, entry["python"], "row")
+    cache.fill(locked, entry.python, "row")
 
     view = tmp_path / "context" / "wheels"
     cache.link_into(locked, view)
@@ -137,13 +140,11 @@ def test_platform_options_name_every_tag_the_locked_files_carry():
 def test_the_committed_lock_fills_from_the_default_index(tmp_path):
     """Two real locked wheels of the cu128 row, one pure and one manylinux2014-only platform wheel
     for CPython 3.11, fetched by pip from its default index and matched by sha256."""
-    entry = json.loads((REPO / "matrix.lock").read_text())["stacks"]["sglang-0.5.9-cu128-local"]
+    resolution = store.entry("sglang-0.5.9-cu128-local", REPO / "matrix.lock").resolution
     chosen = {"idna", "msgspec"}
-    subset = {"python": entry["python"],
-              "distributions": {k: v for k, v in entry["distributions"].items() if k in chosen}}
+    subset = dataclasses.replace(resolution, distributions=tuple(d for d in resolution.distributions if d.name in chosen))
     cache = wheel_cache.WheelCache(tmp_path / "cache")
-    report = cache.fill(wheel_cache.locked_wheels(subset), subset["python"], "cu128")
+    report = cache.fill(wheel_cache.locked_wheels(subset), subset.python, "cu128")
     assert report.downloaded == 2
-    for name in chosen:
-        item = entry["distributions"][name]
-        assert sha256(tmp_path / "cache" / "sha256" / item["sha256"] / item["wheel"]) == item["sha256"]
+    for item in subset.distributions:
+        assert sha256(tmp_path / "cache" / "sha256" / item.sha256 / item.wheel) == item.sha256

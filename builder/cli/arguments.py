@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from builder.config.matrix import Matrix, load_matrix
+from builder.engine import ENGINE_NAMES, default_engine_name
 
 
 def add_matrix_arguments(parser: argparse.ArgumentParser, stacks: bool = True) -> None:
@@ -17,3 +18,8 @@ def add_matrix_arguments(parser: argparse.ArgumentParser, stacks: bool = True) -
 
 def load(args: argparse.Namespace) -> Matrix:
     return load_matrix(args.matrix, local_base=args.local_base)
+
+
+def add_engine_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--engine", default=default_engine_name(), choices=ENGINE_NAMES,
+                        help="container engine (default: %(default)s; BUILDER_ENGINE sets it)")

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import os
+
 from builder.engine.protocol import BuildRequest, BuildResult, Engine, ImageInfo, Layer
 from builder.errors import UserError
 
 ENGINE_NAMES = ("buildah", "docker")
 DEFAULT_ENGINE = "buildah"
+
+
+def default_engine_name() -> str:
+    """What `--engine` defaults to for every command: $BUILDER_ENGINE, else buildah."""
+    return os.environ.get("BUILDER_ENGINE", DEFAULT_ENGINE)
 
 
 def get_engine(name: str = DEFAULT_ENGINE) -> Engine:
@@ -24,5 +31,5 @@ def get_engine(name: str = DEFAULT_ENGINE) -> Engine:
 
 __all__ = [
     "BuildRequest", "BuildResult", "DEFAULT_ENGINE", "ENGINE_NAMES", "Engine", "ImageInfo", "Layer",
-    "get_engine",
+    "default_engine_name", "get_engine",
 ]

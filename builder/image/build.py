@@ -11,7 +11,6 @@ run went (commit, host, times) goes to the provenance record, which is not.
 from __future__ import annotations
 
 import json
-import os
 import tempfile
 import time
 from dataclasses import dataclass
@@ -20,7 +19,9 @@ from pathlib import Path
 
 from builder.engine import host_network
 from builder.image import context, immutable, provenance, render, sbom, smoke_gate, tags, wheel_cache
-from builder.publish import lock
+from builder.lock import records
+from builder.lock.model import ImageRecord, LockEntry, Resolution
+from builder.lock.resolution import base_pin, check_current
 from builder.engine import get_engine
 from builder.engine.protocol import BuildRequest, BuildResult, Engine
 from builder.errors import BuildFailure, UserError
@@ -65,10 +66,10 @@ def build_request(stack: Stack, context_dir: Path, dockerfile: Path, candidate: 
     )
 
 
-def fetch_wheels(stack: Stack, entry: dict, cache: wheel_cache.WheelCache, offline: bool,
+def fetch_wheels(stack: Stack, resolution: Resolution, cache: wheel_cache.WheelCache, offline: bool,
                  progress: Progress) -> wheel_cache.FillReport:
     """Every locked wheel into the host's cache before the engine starts; --offline only checks."""
-    wheels = wheel_cache.locked_wheels(entry)
+    wheels = wheel_cache.locked_wheels(resolution)
     if offline:
         if needs_network(stack):
             raise UserError(f"{stack.name}: --offline cannot build on {stack.base.image}: its apt step needs the "
@@ -78,15 +79,15 @@ def fetch_wheels(stack: Stack, entry: dict, cache: wheel_cache.WheelCache, offli
     absent = len(cache.missing(wheels))
     if absent:
         progress.stage(f"{stack.name}: fetching {absent} of {len(wheels)} locked wheels into {cache.root}")
-    return cache.fill(wheels, entry["python"], stack.name)
+    return cache.fill(wheels, resolution.python, stack.name)
 
 
-def stage_context(inputs: context.BuildInputs, root: Path, entry: dict, cache: wheel_cache.WheelCache,
+def stage_context(inputs: context.BuildInputs, root: Path, resolution: Resolution, cache: wheel_cache.WheelCache,
                   context_dir: Path) -> Path:
     """The engine's context: exactly the hashed files, and the entry's wheels for the install steps'
     read-only mount (their hashes are in the hashed requirements). Returns the Dockerfile."""
     dockerfile = context.assemble(inputs, root, context_dir)
-    cache.link_into(wheel_cache.locked_wheels(entry), context_dir / WHEELS_CONTEXT_DIR)
+    cache.link_into(wheel_cache.locked_wheels(resolution), context_dir / WHEELS_CONTEXT_DIR)
     return dockerfile
 
 
@@ -120,7 +121,6 @@ def write_report(path: Path, stack: Stack, inputs: context.BuildInputs, result: 
         "stack": stack.name,
         "engine": result.engine,
         "image_id": result.image_id,
-        "digest": result.image_id,
         "tags": tag_names,
         "source_date_epoch": stack.source_date_epoch,
         "inputs": {
@@ -138,25 +138,25 @@ def write_report(path: Path, stack: Stack, inputs: context.BuildInputs, result: 
     write_atomic(path, json.dumps(report, indent=2, sort_keys=True) + "\n")
 
 
-def _build_in_context(engine: Engine, stack: Stack, inputs: context.BuildInputs, root: Path, entry: dict,
-                      cache: wheel_cache.WheelCache, candidate: str, no_cache: bool, progress: Progress) -> BuildResult:
+def _build_in_context(engine: Engine, stack: Stack, inputs: context.BuildInputs, root: Path,
+                      resolution: Resolution, cache: wheel_cache.WheelCache, candidate: str, no_cache: bool, progress: Progress) -> BuildResult:
     # Beside the wheel cache, so the wheels are hard-linked into the context rather than copied.
     cache.root.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="builder-context-", dir=cache.root) as scratch:
         context_dir = Path(scratch) / "context"
-        dockerfile = stage_context(inputs, root, entry, cache, context_dir)
+        dockerfile = stage_context(inputs, root, resolution, cache, context_dir)
         return engine.build(build_request(stack, context_dir, dockerfile, candidate, no_cache, progress))
 
 
-def recorded_smoke(entry: dict, image_id: str) -> dict | None:
+def recorded_smoke(entry: LockEntry, image_id: str) -> dict | None:
     """The passing smoke report the lock already holds for exactly this image, if any."""
-    smoke = entry.get("smoke") or {}
-    if smoke.get("image_id") == image_id and smoke.get("passed") and isinstance(smoke.get("report"), dict):
-        return smoke["report"]
+    smoke = entry.outcome.smoke
+    if smoke and smoke.image_id == image_id and smoke.passed and isinstance(smoke.report, dict):
+        return smoke.report
     return None
 
 
-def _smoke(stack: Stack, entry: dict, image_id: str, candidate: str, resmoke: bool, progress: Progress,
+def _smoke(stack: Stack, entry: LockEntry, image_id: str, candidate: str, resmoke: bool, progress: Progress,
            durations: dict) -> dict:
     """The checks run in the candidate, unless the lock holds a pass for this very image id: the id is
     the image's content, so running them again could only repeat that answer (--resmoke does anyway)."""
@@ -178,25 +178,26 @@ def build_stack(stack: Stack, engine: Engine, progress: Progress, project: Proje
                 resmoke: bool = False) -> BuildOutcome:
     root, lock_path = project.root, project.lock
     cache = cache or wheel_cache.WheelCache()
-    render.require_locked(stack, root)
-    entry = lock.check_current(stack, lock_path)
-    base_digest = lock.base_digest(stack, entry)
+    render.require_rendered(stack, root)
+    entry = check_current(stack, lock_path)
+    resolution = entry.resolution
+    base_digest = base_pin(stack, resolution)
     check_base(stack, engine, base_digest)
     inputs = context.build_inputs(stack, root, base_digest)
     candidate = tags.candidate_tag(stack, inputs.hash)
     immutable_tag, moving = tags.immutable_tag(stack, inputs.hash), tags.moving_tag(stack)
     report_path = project.reports / f"{stack.name}.json"
     started_on, started = datetime.now(timezone.utc), time.monotonic()
-    fetched = fetch_wheels(stack, entry, cache, offline, progress)
+    fetched = fetch_wheels(stack, resolution, cache, offline, progress)
     durations = {"fetch_wheels": round(time.monotonic() - started, 1)}
     progress.stage(f"{stack.name}: building {immutable_tag}")
-    result = _build_in_context(engine, stack, inputs, root, entry, cache, candidate, no_cache, progress)
+    result = _build_in_context(engine, stack, inputs, root, resolution, cache, candidate, no_cache, progress)
     durations.update(build=result.duration_s, deliver_to_docker=result.deliver_s)
     try:
         immutable.check(engine, immutable_tag, result.image_id)
         smoke_result = _smoke(stack, entry, result.image_id, candidate, resmoke, progress, durations)
         if not smoke_result["passed"]:
-            lock.record_smoke(stack.name, passed=False, report=smoke_result, image_id=result.image_id, path=lock_path)
+            records.record_smoke(stack.name, passed=False, report=smoke_result, image_id=result.image_id, path=lock_path)
             raise BuildFailure(f"{stack.name}: smoke checks failed; {immutable_tag} not tagged")
         engine.tag(candidate, immutable_tag)
         engine.tag(candidate, moving)
@@ -204,20 +205,20 @@ def build_stack(stack: Stack, engine: Engine, progress: Progress, project: Proje
         engine.remove(candidate)
     write_report(report_path, stack, inputs, result, engine.inspect(result.image_id).config, smoke_result,
                  [immutable_tag, moving])
-    sbom_path = sbom.write_bom(sbom.sbom_path(report_path), stack.name, result.image_id, entry)
+    sbom_path = sbom.write_bom(sbom.sbom_path(report_path), stack.name, result.image_id, resolution)
     durations["total"] = round(time.monotonic() - started, 1)
     statement = provenance.statement(
         inputs, image_id=result.image_id, immutable_tag=immutable_tag, engine=engine.name,
-        engine_version=engine.version(), source=provenance.source_state(root), distributions=entry["distributions"],
+        engine_version=engine.version(), source=provenance.source_state(root), distributions=resolution.distributions,
         started=started_on, finished=datetime.now(timezone.utc), durations_s=durations,
         external={"engine": engine.name, "no_cache": no_cache, "local_base": stack.base.local, "offline": offline,
                   "wheels_downloaded": fetched.downloaded, "wheel_bytes_downloaded": fetched.downloaded_bytes,
                   "delivered_bytes": result.delivered_bytes},
     )
     provenance_path = provenance.write(report_path, statement)
-    lock.record_build(stack, lock.ImageRecord(
-        image_id=result.image_id, tags=(immutable_tag, moving), inputs_hash=inputs.hash, base_digest=base_digest,
-        source_date_epoch=stack.source_date_epoch, report=_relative(report_path, root),
+    records.record_build(stack.name, ImageRecord(
+        image_id=result.image_id, immutable_tag=immutable_tag, tags=(immutable_tag, moving), inputs_hash=inputs.hash,
+        base=resolution.base, source_date_epoch=stack.source_date_epoch, report=_relative(report_path, root),
         provenance=_relative(provenance_path, root), sbom=_relative(sbom_path, root),
     ), smoke_result, lock_path)
     progress.stage(f"{stack.name}: {immutable_tag} = {result.image_id} ({durations['total']} s; wheels downloaded: "
@@ -239,6 +240,3 @@ def build_all(stacks: tuple[Stack, ...], engine_name: str, project: Project, no_
     cache = wheel_cache.WheelCache()
     return [build_stack(stack, engine, progress, project, no_cache, cache, offline, resmoke) for stack in stacks]
 
-
-def default_engine() -> str:
-    return os.environ.get("BUILDER_ENGINE", "buildah")

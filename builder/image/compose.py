@@ -1,15 +1,10 @@
-"""The values of images/<stack>/compose.yaml: one service per serve profile, the image the lock records.
+"""The values of images/<stack>/compose.yaml: one service per serve profile.
 
-templates/compose.yaml.j2 lays them out. The file is not a build input (no COPY reads it), so naming
-the built image in it cannot change that image.
-
-Which reference names the image:
-  - pushed (`builder push` recorded a registry digest): REGISTRY/REPOSITORY@sha256:<manifest digest>,
-    what `builder pull` fetches and checks; a GPU host pulls exactly that image.
-  - built here, not pushed: the immutable tag. An image id is no reference a registry or a pull
-    resolves, and a locally built image has no repository digest, so the tag (one image per inputs
-    hash, never moved by `builder build`) stands in, with the id in the header to compare.
-  - not built: the moving tag, until `builder build` and `builder render` name the immutable one.
+templates/compose.yaml.j2 lays them out. The file is not a build input (no COPY reads it), and it
+names nothing a build or push decides: the image is the stack's moving tag, which `builder build`
+points at the image it records in matrix.lock and `builder pull` at the image it fetched by the
+locked manifest digest (after checking its id). So the committed file stays current through every
+build and push, and `SGLANG_IMAGE` runs any other reference instead.
 """
 
 from __future__ import annotations
@@ -19,11 +14,11 @@ from dataclasses import dataclass
 
 from builder.config.stack import ServeMode, Stack
 from builder.image import tags
+from builder.paths import VENV_PYTHON
 from builder.runtime.serve import health
 from builder.runtime.serve.supervise import Timeouts
 
 MODELS_DIR = "/models"
-PYTHON = "/opt/venv/bin/python"
 ENTRYPOINT_MODULE = "builder.runtime.serve.entrypoint"
 # The entrypoint forwards SIGTERM to the server's process group and SIGKILLs it after this long: eight
 # TP workers release their GPU memory and NCCL state (the deployment had stale processes holding
@@ -68,23 +63,15 @@ def quoted(text: str) -> str:
     return json.dumps(text)
 
 
-def image_reference(stack: Stack, entry: dict | None) -> ComposeImage:
-    image = (entry or {}).get("image")
-    push = (entry or {}).get("push")
-    if image and push and push.get("digest") == image.get("digest"):
-        return ComposeImage(push["reference"], (
-            "the registry digest `builder push` recorded in matrix.lock; `builder pull` fetches the same",
-            f"image and checks its id ({image['id']}).",
-        ))
-    if image:
-        return ComposeImage(image["immutable_tag"], (
-            "the immutable tag of the image matrix.lock records, built here and not pushed: a local image",
-            f"has no registry digest, and its id ({image['id']})",
-            "is no reference to pull. After `builder push` and `builder render` it is named by digest.",
-        ))
-    return ComposeImage(tags.moving_tag(stack), (
-        "the moving tag: matrix.lock records no image of this stack yet. After `builder build` and",
-        "`builder render` the image is named by its immutable tag, after `builder push` by digest.",
+IMAGE_VARIABLE = "SGLANG_IMAGE"
+
+
+def image_reference(stack: Stack) -> ComposeImage:
+    moving = tags.moving_tag(stack)
+    return ComposeImage(variable(IMAGE_VARIABLE, moving), (
+        f"{moving}, the moving tag: `builder build` points it at the image matrix.lock records, and",
+        "`builder pull` at the image it fetched by the locked manifest digest, after checking its id.",
+        f"Set {IMAGE_VARIABLE} to run another reference (REGISTRY/REPOSITORY@sha256:...).",
     ))
 
 
@@ -102,16 +89,16 @@ def service(stack: Stack, mode: ServeMode) -> Service:
 
 
 def healthcheck(port: int) -> tuple[str, ...]:
-    return ("CMD", PYTHON, "-m", ENTRYPOINT_MODULE, "health", "--port", str(port),
+    return ("CMD", VENV_PYTHON, "-m", ENTRYPOINT_MODULE, "health", "--port", str(port),
             "--timeout", f"{health.DEFAULT_TIMEOUT_S:g}")
 
 
-def template_values(stack: Stack, entry: dict | None) -> dict:
+def template_values(stack: Stack) -> dict:
     services = [service(stack, mode) for mode in stack.serve.modes]
     timeouts = Timeouts()
     return {
         "stack": stack,
-        "image": image_reference(stack, entry),
+        "image": image_reference(stack),
         "services": services,
         "healthchecks": {s.name: healthcheck(s.port) for s in services},
         "cache_dir": literal(stack.serve.cache_dir),
@@ -124,6 +111,6 @@ def template_values(stack: Stack, entry: dict | None) -> dict:
         "health_retries": HEALTH_RETRIES,
         "start_period_s": int(timeouts.start_s),
         "variable": variable,
-        "python": PYTHON,
+        "python": VENV_PYTHON,
         "entrypoint_module": ENTRYPOINT_MODULE,
     }

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from builder.errors import UserError
-from builder.image.render import stack_dir
+from builder.paths import stack_dir
 from builder.config.stack import Stack
 
 _COPY = re.compile(r"^COPY\s+(?:--\S+\s+)*(\S+)\s+\S+\s*$")

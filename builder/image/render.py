@@ -22,10 +22,10 @@ from builder.config.stack import GROUP_ORDER, Stack
 from builder.errors import UserError
 from builder.files import write_atomic
 from builder.image import compose, patch_series
-from builder.paths import TOOLS_DIR, VENV, WHEELS_CONTEXT_DIR, WHEELS_MOUNT, Project
-from builder.publish import lock
+from builder.lock.model import Resolution
+from builder.lock.resolution import base_pin, recorded_resolutions, requirements
+from builder.paths import TOOLS_DIR, VENV, WHEELS_CONTEXT_DIR, WHEELS_MOUNT, Project, stack_dir
 
-IMAGES = "images"
 LABEL_PREFIX = "dev.sglang-builder"
 GROUP_FILES = {"torch": "10-torch.txt", "kernels": "20-kernels.txt", "sglang": "30-sglang.txt"}
 GROUP_TITLES = {
@@ -34,10 +34,9 @@ GROUP_TITLES = {
     "sglang": "sglang and its remaining dependencies",
 }
 
-# group -> requirements text with hashes, or None when the stack has no lock entry yet.
-RequirementsSource = Callable[[Stack], "dict[str, str] | None"]
-# The stack's matrix.lock entry, or None: its base digest (FROM) and its image and push (compose.yaml).
-LockEntrySource = Callable[[Stack], "dict | None"]
+# The stack's resolution in matrix.lock, or None when it was never locked: its requirements with
+# hashes and its base digest (FROM). Build results never reach a rendered file.
+ResolutionSource = Callable[[Stack], "Resolution | None"]
 
 
 @dataclass(frozen=True)
@@ -49,10 +48,6 @@ class RenderedPatch:
     target: str  # path in the image
     sha256: str
     files: tuple[str, ...]
-
-
-def stack_dir(stack: Stack) -> str:
-    return f"{IMAGES}/{stack.name}"
 
 
 def site_packages(stack: Stack) -> str:
@@ -81,10 +76,6 @@ def unlocked_requirements(stack: Stack) -> dict[str, str]:
             lines.append(package.requirement)
         texts[group] = "\n".join(lines) + "\n"
     return texts
-
-
-def is_locked(requirements_text: str) -> bool:
-    return not requirements_text.startswith("# UNLOCKED")
 
 
 def _figure(figure: dict | None) -> dict | None:
@@ -175,19 +166,19 @@ def _environment(templates: Path) -> jinja2.Environment:
     return environment
 
 
-def render_stack(stack: Stack, project: Project, requirements: RequirementsSource,
-                 lock_entry: LockEntrySource) -> dict[str, str]:
+def render_stack(stack: Stack, project: Project, resolution_of: ResolutionSource) -> dict[str, str]:
     """Every file of images/<stack>/, relative path -> content."""
     patches = rendered_patches(stack, project.patches)
     references = mode_references(stack, project.reference_figures)
-    texts = requirements(stack) or unlocked_requirements(stack)
+    resolution = resolution_of(stack)
+    texts = requirements(resolution) if resolution else unlocked_requirements(stack)
     context = stack_dir(stack)
     created = datetime.fromtimestamp(stack.source_date_epoch, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     serve_port = next((m.args.get("port") for m in stack.serve.modes if "port" in m.args), 30000)
     templates = _environment(project.templates)
     dockerfile = templates.get_template("Dockerfile.j2").render(
         stack=stack,
-        base_reference=stack.base.reference(lock.base_digest(stack, lock_entry(stack))),
+        base_reference=stack.base.reference(base_pin(stack, resolution)),
         context=context,
         venv=VENV,
         wheels={"context": WHEELS_CONTEXT_DIR, "mount": WHEELS_MOUNT},
@@ -201,21 +192,20 @@ def render_stack(stack: Stack, project: Project, requirements: RequirementsSourc
     files = {f"{context}/Dockerfile": dockerfile,
              f"{context}/stack.json": json.dumps(stack_json(stack, patches, references), indent=2, sort_keys=True) + "\n",
              f"{context}/compose.yaml": templates.get_template("compose.yaml.j2").render(
-                 compose.template_values(stack, lock_entry(stack)))}
+                 compose.template_values(stack))}
     for group in GROUP_ORDER:
         files[f"{context}/requirements/{GROUP_FILES[group]}"] = texts[group]
     return files
 
 
-def render_all(stacks: tuple[Stack, ...], project: Project, requirements: RequirementsSource | None = None,
-               lock_entry: LockEntrySource | None = None) -> dict[str, str]:
-    """Every rendered file of `stacks`; requirements, base digests and images come from the project's
-    lock unless given."""
-    requirements = requirements or lock_requirements(project.lock)
-    lock_entry = lock_entry or (lambda stack: lock.entry(stack, project.lock))
+def render_all(stacks: tuple[Stack, ...], project: Project,
+               resolution_of: ResolutionSource | None = None) -> dict[str, str]:
+    """Every rendered file of `stacks`; requirements and base digests come from the project's lock
+    unless given."""
+    resolution_of = resolution_of or recorded_resolutions(project.lock)
     files: dict[str, str] = {}
     for stack in stacks:
-        files.update(render_stack(stack, project, requirements, lock_entry))
+        files.update(render_stack(stack, project, resolution_of))
     return dict(sorted(files.items()))
 
 
@@ -251,16 +241,8 @@ def stale(files: dict[str, str], stacks: tuple[Stack, ...], root: Path) -> list[
     return problems
 
 
-def require_locked(stack: Stack, root: Path) -> None:
-    """Refuse to build a stack whose rendered requirements carry no hashes."""
-    for group in GROUP_ORDER:
-        path = root / stack_dir(stack) / "requirements" / GROUP_FILES[group]
-        if not path.is_file():
-            raise UserError(f"{stack.name}: not rendered; run `builder render --stack {stack.name}`")
-        if not is_locked(path.read_text(encoding="utf-8")):
-            raise UserError(f"{stack.name}: not locked; run `builder lock --stack {stack.name}` then `builder render`")
+def require_rendered(stack: Stack, root: Path) -> None:
+    """Refuse to build a stack whose folder was never rendered (whether it is locked, the lock answers)."""
+    if not (root / stack_dir(stack) / "Dockerfile").is_file():
+        raise UserError(f"{stack.name}: not rendered; run `builder render --stack {stack.name}`")
 
-
-def lock_requirements(lock_path: Path) -> RequirementsSource:
-    """Requirements with hashes from the lock, once `builder lock` has resolved the stack."""
-    return lambda stack: lock.requirements_for(stack, lock_path)

@@ -30,6 +30,7 @@ from builder.engine.daemon import docker_client
 from builder.image import dpkg
 from builder.errors import BuildFailure, UserError
 from builder.files import write_atomic
+from builder.lock.model import Distribution, LockedBase, Resolution
 from builder.paths import VENV_PYTHON
 
 DPKG_STATUS = "/var/lib/dpkg/status"
@@ -137,24 +138,24 @@ def system_packages(image: str, client: docker.DockerClient) -> list[Component]:
     return components
 
 
-def base_image(base: dict | None) -> Component | None:
-    """The image the stack was built FROM, as the lock records it: reference and digest."""
-    if not base or not base.get("image"):
+def base_image(base: LockedBase | None) -> Component | None:
+    """The image the stack was built FROM, as the lock records it: reference and pinning digest."""
+    if base is None or not base.image:
         return None
-    reference = base["image"]
+    reference = base.image
     repository, tag = reference.rsplit(":", 1) if ":" in reference.rsplit("/", 1)[-1] else (reference, "")
     qualifiers = {"repository_url": repository, **({"tag": tag} if tag else {})}
-    digest = base.get("digest") or None
+    digest = base.pin or None
     purl = PackageURL("oci", name=repository.rsplit("/", 1)[-1], version=digest, qualifiers=qualifiers)
     hashes = [HashType(alg=HashAlgorithm.SHA_256, content=digest.removeprefix("sha256:"))] if digest else []
     return Component(
-        name=base["image"], version=digest, type=ComponentType.CONTAINER, purl=purl, bom_ref=f"base:{base['image']}",
-        hashes=hashes, properties=[Property(name="builder:base", value=base.get("name", "")),
+        name=base.image, version=digest, type=ComponentType.CONTAINER, purl=purl, bom_ref=f"base:{base.image}",
+        hashes=hashes, properties=[Property(name="builder:base", value=base.name),
                                    Property(name="builder:pinned", value="true" if digest else "false")],
     )
 
 
-def build_bom(stack: str, image_id: str, installed: list[tuple], locked: dict, source_date_epoch: int,
+def build_bom(stack: str, image_id: str, installed: list[tuple], locked: tuple[Distribution, ...], source_date_epoch: int,
               system: list[Component] = (), base: Component | None = None) -> Bom:
     """The SBOM: the image as the described component, each distribution and system package a library
     depending from it, and the base image it was built from."""
@@ -162,16 +163,17 @@ def build_bom(stack: str, image_id: str, installed: list[tuple], locked: dict, s
     bom.metadata.timestamp = datetime.fromtimestamp(source_date_epoch, tz=timezone.utc)
     image = Component(name=stack, version=image_id, type=ComponentType.CONTAINER, bom_ref=f"image:{stack}")
     bom.metadata.component = image
+    by_name = {d.name: d for d in locked}
     components = []
     for name, version, image_sha in sorted({(canonicalize_name(n), v, s) for n, v, s in installed}):
-        entry = locked.get(name)
-        in_lock = entry is not None and entry["version"] == version
-        sha256 = image_sha or (entry["sha256"] if in_lock else None)
+        entry = by_name.get(name)
+        in_lock = entry is not None and entry.version == version
+        sha256 = image_sha or (entry.sha256 if in_lock else None)
         purl = PackageURL("pypi", name=name, version=version)
         properties = [Property(name="builder:locked", value="true" if in_lock else "false")]
         if in_lock:
-            properties.append(Property(name="builder:group", value=entry["group"]))
-            properties.append(Property(name="builder:wheel", value=entry["wheel"]))
+            properties.append(Property(name="builder:group", value=entry.group))
+            properties.append(Property(name="builder:wheel", value=entry.wheel))
         component = Component(
             name=name, version=version, type=ComponentType.LIBRARY, purl=purl, bom_ref=purl.to_string(),
             hashes=[HashType(alg=HashAlgorithm.SHA_256, content=sha256)] if sha256 else [],
@@ -192,14 +194,14 @@ def sbom_path(report_path: str | Path) -> Path:
     return report_path.with_name(report_path.stem + ".cdx.json")
 
 
-def write_bom(path: Path, stack: str, image_id: str, locked: dict,
+def write_bom(path: Path, stack: str, image_id: str, locked: Resolution,
               client: docker.DockerClient | None = None, python: str = VENV_PYTHON) -> Path:
     """SBOM of a built image: what its Python and its dpkg status list, with the lock entry's hashes,
     groups and base image; returns its path."""
     client = client or docker_client()
     installed = installed_distributions(image_id, client, python)
-    bom = build_bom(stack, image_id, installed, locked["distributions"], locked["source_date_epoch"],
-                    system_packages(image_id, client), base_image(locked.get("base")))
+    bom = build_bom(stack, image_id, installed, locked.distributions, locked.source_date_epoch,
+                    system_packages(image_id, client), base_image(locked.base))
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, JsonV1Dot6(bom).output_as_string(indent=2) + "\n")
     return path

@@ -17,7 +17,8 @@ from pathlib import Path
 
 from builder.engine import host_network
 from builder.image import build, context, layer_diff, render, tags, wheel_cache
-from builder.publish import lock
+from builder.lock import store
+from builder.lock.resolution import base_pin, check_current
 from builder.engine import get_engine
 from builder.engine.protocol import BuildRequest, ImageInfo, Layer
 from builder.engine.buildah import BuildahEngine
@@ -62,15 +63,15 @@ def _twice(request: BuildRequest, bases: list[str], workdir: Path) -> layer_diff
 
 def verify_stack(stack: Stack, project: Project) -> layer_diff.Comparison:
     root = project.root
-    render.require_locked(stack, root)
-    entry = lock.check_current(stack, project.lock)
-    inputs = context.build_inputs(stack, root, lock.base_digest(stack, entry))
+    render.require_rendered(stack, root)
+    resolution = check_current(stack, project.lock).resolution
+    inputs = context.build_inputs(stack, root, base_pin(stack, resolution))
     progress = Progress.for_environment()
     progress.stage(f"{stack.name}: two builds from empty storage")
     cache = wheel_cache.WheelCache()
-    build.fetch_wheels(stack, entry, cache, offline=False, progress=progress)  # once, for both builds
+    build.fetch_wheels(stack, resolution, cache, offline=False, progress=progress)  # once, for both builds
     workdir = _scratch(root, stack.name)
-    dockerfile = build.stage_context(inputs, root, entry, cache, workdir / "context")
+    dockerfile = build.stage_context(inputs, root, resolution, cache, workdir / "context")
     request = build.build_request(stack, workdir / "context", dockerfile, tags.candidate_tag(stack, inputs.hash),
                                   True, progress)
     return _twice(request, [stack.base.image], workdir)
@@ -149,17 +150,18 @@ def verify_against_lock(matrix: Matrix, name: str, local_base: bool) -> layer_di
         committed = load_matrix(export / matrix.path.resolve().relative_to(root), local_base=local_base,
                                 patches_root=export / "patches")
         stack = committed.select([name], local_base)[0]
-        entry = lock.read(export / lock.FILE_NAME)["stacks"].get(stack.name) or {}
-        image = entry.get("image") or {}
-        if not image.get("id"):
+        entry = store.read(export / store.FILE_NAME).get(stack.name)
+        image = entry.outcome.image if entry else None
+        if image is None:
             raise UserError(f"{stack.name}: the committed matrix.lock records no image to verify against")
-        render.require_locked(stack, export)
-        inputs = context.build_inputs(stack, export, lock.base_digest(stack, entry))
+        render.require_rendered(stack, export)
+        resolution = entry.resolution
+        inputs = context.build_inputs(stack, export, base_pin(stack, resolution))
         progress = Progress.for_environment()
-        progress.stage(f"{stack.name}: one build of HEAD from empty storage, against {image['id']}")
+        progress.stage(f"{stack.name}: one build of HEAD from empty storage, against {image.image_id}")
         cache = wheel_cache.WheelCache()
-        build.fetch_wheels(stack, entry, cache, offline=False, progress=progress)
-        dockerfile = build.stage_context(inputs, export, entry, cache, workdir / "context")
+        build.fetch_wheels(stack, resolution, cache, offline=False, progress=progress)
+        dockerfile = build.stage_context(inputs, export, resolution, cache, workdir / "context")
         request = build.build_request(stack, workdir / "context", dockerfile, tags.candidate_tag(stack, inputs.hash),
                                       True, progress)
         bases = _export_bases([stack.base.image], workdir)
@@ -171,10 +173,10 @@ def verify_against_lock(matrix: Matrix, name: str, local_base: bool) -> layer_di
                     raise BuildFailure(f"{stack.name}: the base in buildah's storage is {loaded}, the committed "
                                        f"lock records {inputs.base_digest}: run `builder base`")
             new_id = fresh.build(request).image_id
-            if new_id == image["id"]:
-                return layer_diff.Comparison(first_id=image["id"], second_id=new_id)
-            locked, locked_engine = _locked_image(image["id"], export, image.get("report"))
-            return _describe_difference(image["id"], new_id, locked, locked_engine, fresh.inspect(new_id), fresh)
+            if new_id == image.image_id:
+                return layer_diff.Comparison(first_id=image.image_id, second_id=new_id)
+            locked, locked_engine = _locked_image(image.image_id, export, image.report)
+            return _describe_difference(image.image_id, new_id, locked, locked_engine, fresh.inspect(new_id), fresh)
         finally:
             layer_diff.discard_storage(fresh, fresh.storage_dir)
     finally:

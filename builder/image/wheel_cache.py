@@ -29,8 +29,8 @@ from builder import paths
 from builder.engine import host_network
 from builder.errors import BuildFailure, UserError
 from builder.files import sha256_file
+from builder.lock.model import DEFAULT_INDEX, Resolution
 
-DEFAULT_INDEX = "default index"  # the lock's word for pip's default index (resolve.DEFAULT_INDEX)
 
 
 @dataclass(frozen=True)
@@ -52,12 +52,10 @@ class LockedWheel:
         return f"{spec} --hash=sha256:{self.sha256}"
 
 
-def locked_wheels(entry: dict) -> tuple[LockedWheel, ...]:
-    """The one file per distribution the lock entry chose for the target, sorted by name."""
-    return tuple(
-        LockedWheel(name, item["version"], item["wheel"], item["sha256"], item["source"], item.get("url"))
-        for name, item in sorted(entry["distributions"].items())
-    )
+def locked_wheels(resolution: Resolution) -> tuple[LockedWheel, ...]:
+    """The one file per distribution the resolution chose for the target, sorted by name."""
+    return tuple(LockedWheel(d.name, d.version, d.wheel, d.sha256, d.source, d.url)
+                 for d in sorted(resolution.distributions, key=lambda d: d.name))
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,9 @@ import requests
 
 from builder.engine.daemon import docker_client
 from builder.errors import BuildFailure, UserError
-from builder.publish import lock, registry_auth
+from builder.lock import records, store
+from builder.lock.model import PushRecord
+from builder.publish import registry_auth
 from builder.publish.registry_http import ACCEPT_MANIFESTS, Retry, TransientError, api_get, get_manifest, reason
 
 # What the daemon says when the registry (or the way to it) failed, not the request.
@@ -84,22 +86,22 @@ def remote_config_digest(host: str, repository: str, tag: str,
 def push(stack: str, registry: str, *, lock_path: Path, retry: Retry = Retry(),
          client: docker.DockerClient | None = None) -> dict:
     """Push the stack's immutable tag; record the registry digest in the lock once it is there."""
-    found = lock.entry(stack, lock_path)
+    found = store.entry(stack, lock_path)
     if found is None:
         raise UserError(f"{stack} is not in matrix.lock: run `builder lock --stack {stack}`")
-    image = found.get("image")
-    if not image:
+    image = found.outcome.image
+    if image is None:
         raise UserError(f"{stack}: no image recorded in matrix.lock: run `builder build --stack {stack}`")
-    if found.get("smoke") is None or not found["smoke"].get("passed"):
-        raise UserError(f"{stack}: image {image['id']} has not passed smoke; only tested images are pushed")
+    if not found.outcome.smoke_passed:
+        raise UserError(f"{stack}: image {image.image_id} has not passed smoke; only tested images are pushed")
     host, namespace = split_registry(registry)
-    repository, tag = split_tag(image["immutable_tag"])
+    repository, tag = split_tag(image.immutable_tag)
     remote = f"{namespace}{repository}"
     client = client or docker_client()
     try:
-        local_id = client.images.get(image["id"]).id
+        local_id = client.images.get(image.image_id).id
     except docker.errors.ImageNotFound:
-        raise UserError(f"{stack}: image {image['id']} is not in the Docker daemon: build or pull it") from None
+        raise UserError(f"{stack}: image {image.image_id} is not in the Docker daemon: build or pull it") from None
     credentials = registry_auth.docker_credentials(host)
 
     def once() -> str:
@@ -112,7 +114,8 @@ def push(stack: str, registry: str, *, lock_path: Path, retry: Retry = Retry(),
         return _push_stream(client, f"{host}/{remote}", tag, credentials.for_daemon(host) if credentials else None)
 
     digest = retry.run(f"push {host}/{remote}:{tag}", once)
-    lock.record_push(stack, registry=registry, repository=remote, tag=tag, digest=digest, path=lock_path)
+    records.record_push(stack, PushRecord(registry=registry, repository=remote, tag=tag, manifest_digest=digest),
+                        path=lock_path)
     return {"reference": f"{host}/{remote}@{digest}", "tag": f"{host}/{remote}:{tag}", "digest": digest}
 
 
@@ -140,18 +143,18 @@ def _push_stream(client: docker.DockerClient, repository: str, tag: str, auth_co
 def pull(stack: str, registry: str | None = None, *, lock_path: Path, retry: Retry = Retry(),
          client: docker.DockerClient | None = None) -> dict:
     """Pull the stack's image by the digest the lock recorded at push, and check it is that image."""
-    found = lock.entry(stack, lock_path)
+    found = store.entry(stack, lock_path)
     if found is None:
         raise UserError(f"{stack} is not in matrix.lock")
-    pushed, image = found.get("push"), found.get("image")
-    if not pushed or not image:
+    pushed, image = found.outcome.push, found.outcome.image
+    if pushed is None or image is None:
         raise UserError(f"{stack}: matrix.lock records no push; run `builder push {stack} --registry R` first")
-    host, namespace = split_registry(registry or pushed["registry"])
+    host, namespace = split_registry(registry or pushed.registry)
     if registry:
-        repository = f"{namespace}{split_tag(image['immutable_tag'])[0]}"
+        repository = f"{namespace}{split_tag(image.immutable_tag)[0]}"
     else:
-        repository = pushed["repository"]
-    reference = f"{host}/{repository}@{pushed['digest']}"
+        repository = pushed.repository
+    reference = f"{host}/{repository}@{pushed.manifest_digest}"
     client = client or docker_client()
 
     def once():
@@ -168,14 +171,14 @@ def pull(stack: str, registry: str | None = None, *, lock_path: Path, retry: Ret
             raise TransientError(f"lost the Docker daemon's stream ({reason(error)})") from None
 
     pulled = retry.run(f"pull {reference}", once)
-    if pulled.id != image["id"]:
-        raise BuildFailure(f"{reference} is image {pulled.id}, but matrix.lock records {image['id']}")
+    if pulled.id != image.image_id:
+        raise BuildFailure(f"{reference} is image {pulled.id}, but matrix.lock records {image.image_id}")
     if reference not in (pulled.attrs.get("RepoDigests") or []):
         raise BuildFailure(f"the daemon does not list {reference} among the pulled image's digests")
-    # The name the stack runs under locally, as after a build.
-    local_repository, tag = split_tag(image["immutable_tag"])
-    pulled.tag(local_repository, tag)
-    return {"reference": reference, "image_id": pulled.id, "tag": image["immutable_tag"]}
+    # The names the stack runs under locally, as after a build: compose.yaml runs the moving tag.
+    for name in image.tags:
+        pulled.tag(*split_tag(name))
+    return {"reference": reference, "image_id": pulled.id, "tag": image.immutable_tag}
 
 
 def _last_line(error: Exception) -> str:

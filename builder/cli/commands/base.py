@@ -6,9 +6,10 @@ import argparse
 import os
 from pathlib import Path
 
-from builder.publish import lock
+from builder.lock.resolution import record_base
 from builder.image.local_base import DEFAULT_PACKAGES, BaseSpec, make_base
-from builder.engine import ENGINE_NAMES, get_engine
+from builder.cli import arguments
+from builder.engine import get_engine
 from builder.errors import UserError
 from builder.config.matrix import Matrix, load_matrix
 from builder.paths import LOCAL_BASE_REPOSITORY, local_base_tag
@@ -45,7 +46,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--mirror", default=None, help="Debian mirror URI (default: apt's default mirror)"
     )
-    parser.add_argument("--engine", choices=ENGINE_NAMES, default="buildah")
+    arguments.add_engine_argument(parser)
     parser.add_argument(
         "--no-load", action="store_true", help="only write the archive; load it into no engine"
     )
@@ -108,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"base {result.tag}: {result.image_id}")
     print(f"  archive {result.archive} (layer {result.rootfs_sha256}, {result.rootfs_bytes} bytes)")
     if matrix is not None and engine is not None:
-        stacks = lock.record_base(matrix.local_base["name"], result.image_id, matrix.project.lock)
+        stacks = record_base(matrix.local_base["name"], result.image_id, matrix.project.lock)
         if stacks:
             print(f"  recorded in the lock for: {', '.join(stacks)}")
     return 0

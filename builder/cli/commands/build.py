@@ -7,8 +7,7 @@ from builder.image import build
 def register(subparsers) -> None:
     parser = subparsers.add_parser("build", help="build, smoke-test and tag stack images reproducibly")
     arguments.add_matrix_arguments(parser)
-    parser.add_argument("--engine", default=build.default_engine(), choices=["buildah", "docker"],
-                        help="container engine (default: %(default)s; BUILDER_ENGINE overrides)")
+    arguments.add_engine_argument(parser)
     parser.add_argument("--no-cache", action="store_true", help="build every layer afresh")
     parser.add_argument("--offline", action="store_true",
                         help="no network at all: every locked wheel must already be in the wheel cache "

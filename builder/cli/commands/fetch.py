@@ -2,9 +2,8 @@
 
 from builder.cli import arguments
 from builder.engine.progress import Progress
-from builder.errors import UserError
 from builder.image import build, wheel_cache
-from builder.publish import lock
+from builder.lock.resolution import check_current
 
 
 def register(subparsers) -> None:
@@ -20,10 +19,8 @@ def run(args) -> int:
     cache = wheel_cache.WheelCache()
     progress = Progress.for_environment()
     for stack in matrix.select(args.stack, args.local_base):
-        if lock.entry(stack, matrix.project.lock) is None:
-            raise UserError(f"{stack.name}: not locked yet: run `builder lock --stack {stack.name}` first")
-        entry = lock.check_current(stack, matrix.project.lock)
-        fetched = build.fetch_wheels(stack, entry, cache, offline=False, progress=progress)
+        resolution = check_current(stack, matrix.project.lock).resolution
+        fetched = build.fetch_wheels(stack, resolution, cache, offline=False, progress=progress)
         print(f"{stack.name}: {fetched.wanted} locked wheels in {cache.root} "
               f"({fetched.downloaded} downloaded, {fetched.downloaded_bytes} bytes)")
     return 0

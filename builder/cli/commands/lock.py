@@ -5,7 +5,10 @@ import sys
 
 from builder.cli import arguments
 from builder.config import reference_figures
-from builder.publish import lock, lock_check
+from builder.image import context
+from builder.lock import check as lock_check
+from builder.lock.resolution import lock_stacks
+from builder.publish import base_digest
 
 
 def register(subparsers) -> None:
@@ -25,14 +28,14 @@ def run(args) -> int:
     if args.check:
         return check(stacks, matrix)
     figures = reference_figures.load(matrix.project.reference_figures, stacks=matrix.all_rows())
-    for line in lock.lock_stacks(stacks, path=matrix.project.lock, references=figures):
+    for line in lock_stacks(stacks, path=matrix.project.lock, base_resolver=base_digest.resolve, references=figures):
         print(line)
     return 0
 
 
 def check(stacks, matrix) -> int:
     path = matrix.project.lock
-    problems, notes = lock_check.stale_rows(stacks, matrix.root, path)
+    problems, notes = lock_check.stale_rows(stacks, matrix.root, path, context.build_inputs)
     for line in notes:
         print(line)
     for line in problems:

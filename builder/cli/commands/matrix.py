@@ -1,7 +1,7 @@
 """`builder matrix`: show the expanded rows."""
 
 from builder.cli import arguments, views
-from builder.publish import lock
+from builder.lock.resolution import base_pin, recorded_resolutions
 
 
 def register(subparsers) -> None:
@@ -20,7 +20,7 @@ def run(args) -> int:
         print(views.as_json(stacks))
         return 0
     # Which base digest each row's Dockerfile pins: the lock's, as `builder render` reads it.
-    recorded = lock.read(matrix.project.lock)["stacks"]
-    digests = {s.name: lock.base_digest(s, recorded.get(s.name)) for s in stacks}
+    resolution_of = recorded_resolutions(matrix.project.lock)
+    digests = {s.name: base_pin(s, resolution_of(s)) for s in stacks}
     print(views.as_github(stacks, digests) if args.github else views.as_table(stacks, digests))
     return 0

@@ -2,7 +2,7 @@
 
 from builder.cli import arguments
 from builder.config import reference_figures
-from builder.publish import lock
+from builder.lock.records import pin_stack
 
 
 def register(subparsers) -> None:
@@ -19,8 +19,8 @@ def run(args) -> int:
     matrix = arguments.load(args)
     stack = matrix.stack(args.stack)
     references = reference_figures.load(matrix.project.reference_figures, stacks=matrix.all_rows()).get(stack.name, [])
-    pinned = lock.pin_stack(stack, references, args.bench, path=matrix.project.lock)
-    measured = ", ".join(f"{f['mode']} {f['tok_s']:.1f} tok/s" for f in pinned["bench"]["measured"]) or "none"
-    print(f"{stack.name}: pinned image {pinned['pinned']['image_id']} "
+    pinned = pin_stack(stack.name, references, args.bench, path=matrix.project.lock).outcome
+    measured = ", ".join(f"{f.mode} {f.tok_s:.1f} tok/s" for f in pinned.bench.measured) or "none"
+    print(f"{stack.name}: pinned image {pinned.pinned.image_id} "
           f"({len(references)} reference figure(s); measured: {measured})")
     return 0

@@ -27,34 +27,20 @@ from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from builder.errors import BuildFailure, UserError
 from builder.config.stack import GROUP_ORDER, PACKAGE_GROUPS, Stack
+from builder.lock.model import DEFAULT_INDEX, Distribution
 
 # Wheels must run on every base: manylinux_2_28 (glibc 2.28) is older than the glibc of Ubuntu
 # 24.04 (CUDA bases) and Debian bookworm (local base), and it is what torch's wheels are tagged.
 PLATFORM = "x86_64-manylinux_2_28"
 _GLIBC_MINOR = 28
 _LEGACY_MANYLINUX = {17: "manylinux2014", 12: "manylinux2010", 5: "manylinux1"}
-DEFAULT_INDEX = "default index"  # what `source` says for pip's default index (or a mirror of it)
 REACH_TIMEOUT_S = 20
 
 
 @dataclass(frozen=True)
-class Distribution:
-    name: str  # canonical name
-    version: str
-    sha256: str  # of `wheel`, the file the target installer picks (best tag match)
-    wheel: str  # filename
-    hashes: tuple[str, ...]  # sha256 of every wheel of this version that fits the target, sorted
-    source: str  # DEFAULT_INDEX, an extra index URL, or the direct wheel URL
-    group: str  # one of GROUP_ORDER
-    url: str | None = None  # set for a direct-URL wheel: the requirement names it
+class WheelResolution:
+    """What uv resolved a stack's pins to (the lock's Resolution adds the base and the matrix inputs)."""
 
-    @property
-    def requirement(self) -> str:
-        return f"{self.name} @ {self.url}" if self.url else f"{self.name}=={self.version}"
-
-
-@dataclass(frozen=True)
-class Resolution:
     python: str
     platform: str
     indexes: tuple[str, ...]  # extra indexes, in matrix order; pip's default index stays default
@@ -62,7 +48,7 @@ class Resolution:
     distributions: tuple[Distribution, ...]  # sorted by name
 
 
-def resolve(stack: Stack, uv: str | None = None) -> Resolution:
+def resolve(stack: Stack, uv: str | None = None) -> WheelResolution:
     """The stack's pins resolved for its python on PLATFORM; UserError when a source is unreachable."""
     uv = uv or find_uv_bin()
     indexes = _extra_indexes(stack)
@@ -331,7 +317,7 @@ def fitting_wheels(files: list[tuple[str, str]], ranking: dict[tags.Tag, int]) -
     return [(filename, sha256) for _, filename, sha256 in sorted(ranked)]
 
 
-def _assemble(stack, indexes, strategy, wheels, entries) -> Resolution:
+def _assemble(stack, indexes, strategy, wheels, entries) -> WheelResolution:
     if {name for name in wheels} != set(entries) or any(
         entry.version is not None and entry.version != wheels[name][0] for name, entry in entries.items()
     ):
@@ -350,7 +336,7 @@ def _assemble(stack, indexes, strategy, wheels, entries) -> Resolution:
             hashes=tuple(sorted({sha for _, sha in fitting})), source=_source(entry, indexes),
             group=groups[name], url=entry.url,
         ))
-    return Resolution(stack.python, PLATFORM, indexes, strategy, tuple(distributions))
+    return WheelResolution(stack.python, PLATFORM, indexes, strategy, tuple(distributions))
 
 
 def _source(entry: AnnotatedEntry, indexes: tuple[str, ...]) -> str:
