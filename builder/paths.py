@@ -7,6 +7,7 @@ that holds the matrix file, never where the builder package happens to be instal
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,17 @@ LOCAL_BASE_REPOSITORY = "localhost/builder-base"
 def stack_dir(stack) -> str:
     """images/<stack name>, relative to the project (`stack` is a config.stack.Stack)."""
     return f"{IMAGES}/{stack.name}"
+
+
+def project_relative(path: str | Path, root: Path) -> str:
+    """A path inside the project as the lock and reports store it: relative to the project root, so
+    they read the same in any clone; a path outside it is kept as given."""
+    path = Path(path)
+    if path.is_absolute():
+        for base in (Path(root), Path(root).resolve()):
+            with contextlib.suppress(ValueError):
+                return path.relative_to(base).as_posix()
+    return path.as_posix()
 
 
 def local_base_tag(name: str) -> str:

@@ -85,7 +85,7 @@ def base_digest_of(image: str) -> str:
 
 
 def bench_report(mode="eagle3", tok_s=55.0, verdict="pass", stack="sglang-0.5.9-cu128"):
-    """Shaped as builder/runtime/bench.py writes it (schema 1)."""
+    """Shaped as builder/runtime/serve/bench.py writes it (schema 1)."""
     return {"schema": 1, "stack": stack, "mode": mode, "model": "/models/test", "gpus": ["NVIDIA RTX PRO 6000 Blackwell"] * 8,
             "tok_s": tok_s, "ttft_ms": 210.0, "reference_tok_s": 54.1, "verdict": verdict,
             "workload": {"concurrency": 1, "input_len": 1024, "output_len": 512}}

@@ -1,8 +1,8 @@
 """`builder build`: rendered stack -> image on a real engine -> smoke gate -> tags, report, lock.
 
-The engine gets a context assembled from exactly the files the inputs hash covers (builder/context.py),
+The engine gets a context assembled from exactly the files the inputs hash covers (builder/image/context.py),
 so one set of inputs names one image. A build lands under a candidate tag; the immutable tag must not
-already name another image (builder/immutable.py); only when the smoke checks pass does the
+already name another image (builder/image/immutable.py); only when the smoke checks pass does the
 immutable tag point at it and the moving tag move. A failed build or smoke test leaves every
 existing tag where it was. What the image is (report, SBOM) is tracked and reproducible; how this
 run went (commit, host, times) goes to the provenance record, which is not.
@@ -28,7 +28,7 @@ from builder.errors import BuildFailure, UserError
 from builder.files import write_atomic
 from builder.engine.progress import Progress
 from builder.config.stack import Stack
-from builder.paths import WHEELS_CONTEXT_DIR, Project
+from builder.paths import WHEELS_CONTEXT_DIR, Project, project_relative
 
 @dataclass(frozen=True)
 class BuildOutcome:
@@ -218,16 +218,13 @@ def build_stack(stack: Stack, engine: Engine, progress: Progress, project: Proje
     provenance_path = provenance.write(report_path, statement)
     records.record_build(stack.name, ImageRecord(
         image_id=result.image_id, immutable_tag=immutable_tag, tags=(immutable_tag, moving), inputs_hash=inputs.hash,
-        base=resolution.base, source_date_epoch=stack.source_date_epoch, report=_relative(report_path, root),
-        provenance=_relative(provenance_path, root), sbom=_relative(sbom_path, root),
+        base=resolution.base, source_date_epoch=stack.source_date_epoch, report=project_relative(report_path, root),
+        provenance=project_relative(provenance_path, root), sbom=project_relative(sbom_path, root),
     ), smoke_result, lock_path)
     progress.stage(f"{stack.name}: {immutable_tag} = {result.image_id} ({durations['total']} s; wheels downloaded: "
                    f"{fetched.downloaded_bytes} bytes; delivered to Docker: {result.delivered_bytes} bytes)")
     return BuildOutcome(stack.name, result.image_id, immutable_tag, moving, report_path, provenance_path, durations)
 
-
-def _relative(path: Path, root: Path) -> str:
-    return path.relative_to(root).as_posix()
 
 
 def build_all(stacks: tuple[Stack, ...], engine_name: str, project: Project, no_cache: bool = False,

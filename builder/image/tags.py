@@ -1,4 +1,4 @@
-"""Image names: an immutable tag named by the inputs hash (builder/context.py), a moving stack tag,
+"""Image names: an immutable tag named by the inputs hash (builder/image/context.py), a moving stack tag,
 a candidate tag. Changing a pin, a lock hash, a patch or an in-image tool gives a new immutable tag,
 and the same inputs always give the same one.
 """

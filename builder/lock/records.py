@@ -2,29 +2,17 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 from dataclasses import replace
 from pathlib import Path
 
 from builder.errors import BuildFailure, UserError
 from builder.lock import store
+from builder.paths import project_relative
 from builder.lock.model import (
     STATUS_BUILT, STATUS_PINNED, STATUS_SMOKE_PASSED, Bench, ImageRecord, LockEntry, MeasuredFigure,
     PinnedRecord, PushRecord, SmokeRecord,
 )
-
-
-def relative_to_project(path: str | Path | None, lock_path: Path) -> str | None:
-    """Paths inside the project (the lock's directory) are stored relative to it, so the lock reads
-    the same anywhere."""
-    if path is None:
-        return None
-    path = Path(path)
-    if path.is_absolute():
-        with contextlib.suppress(ValueError):
-            return path.relative_to(Path(lock_path).resolve().parent).as_posix()
-    return path.as_posix()
 
 
 def record_build(name: str, image: ImageRecord, smoke: dict, path: Path) -> None:
@@ -54,7 +42,7 @@ def record_smoke(name: str, passed: bool, report: dict | str | Path | None, imag
                  path: Path) -> None:
     """The smoke result of the recorded image (or of `image_id`: a candidate that was never recorded
     is kept apart and changes nothing else)."""
-    kept = report if isinstance(report, dict) or report is None else relative_to_project(report, path)
+    kept = report if isinstance(report, dict) or report is None else project_relative(report, Path(path).parent)
 
     def change(lock: store.LockFile) -> None:
         found = lock.require(name)
@@ -96,7 +84,7 @@ def measured_figure(report: dict, image_id: str, report_path: str | Path | None 
         raise UserError(f"{report_path or 'bench report'}: not a bench report ({error})") from None
     if report_path is None:
         return figure
-    kept = relative_to_project(report_path, lock_path) if lock_path else Path(report_path).as_posix()
+    kept = project_relative(report_path, Path(lock_path).parent) if lock_path else Path(report_path).as_posix()
     return replace(figure, report=kept)
 
 
