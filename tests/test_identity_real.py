@@ -119,3 +119,34 @@ def test_verify_against_lock_names_a_planted_label_and_file(built, tmp_path):
     assert "made by: " in out and "builder/runtime/" in out.split("made by: ")[1].splitlines()[0]
     assert "  opt/builder/runtime/stackinfo.py: content" in out
     assert "config.Labels.planted" in out
+
+
+def test_after_a_build_whose_input_changed_the_renders_and_the_lock_are_current(built, tmp_path):
+    """No second command after a build: the lock it wrote describes the new image, and images/ (compose.yaml
+    included) is what `builder render` would write."""
+    _, report = built
+    checkout = clone(tmp_path / "changed", str(REPO))
+    tool = checkout / "builder/runtime/stackinfo.py"
+    tool.write_text(tool.read_text() + "# an in-image tool changed\n")
+    env = {key: value for key, value in os.environ.items() if key != "BUILDER_LOCK"} | {"CI": "true"}
+    engine, made = BuildahEngine(), []
+    try:
+        result = run_builder("build", "--local-base", "--stack", "sglang-0.5.9-cu128", env=env, cwd=checkout)
+        assert result.returncode == 0, result.stderr[-4000:]
+        new_id = result.stdout.split()[-1]
+        assert new_id != report["image_id"]
+        for command in (["render", "--check"], ["lock", "--check"]):
+            check = run_builder(*command, env=env, cwd=checkout)
+            assert check.returncode == 0, (command, check.stdout + check.stderr)
+        changed = git("status", "--porcelain", "--untracked-files=no", cwd=checkout).splitlines()
+        assert sorted(line[3:] for line in changed) == sorted([
+            "builder/runtime/stackinfo.py", "matrix.lock", f"build-reports/{STACK}.json",
+            f"build-reports/{STACK}.cdx.json"])
+        image = store.entry(STACK, checkout / "matrix.lock").outcome.image
+        made.append(image.immutable_tag)
+        assert image.image_id == new_id
+    finally:
+        # The moving tag back on the image the other tests check; the changed image goes.
+        engine.tag(report["image_id"], report["tags"][1])
+        for name in made:
+            engine.remove(name)
