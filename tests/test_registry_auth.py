@@ -184,10 +184,11 @@ def token_secured(running) -> Registry:
 
 def bearer_manifest_digest(server: Registry, repository: str) -> str:
     url = f"http://{server.host}/v2/{repository}/manifests/{TAG}"
-    challenge = requests.get(url, timeout=10).headers["WWW-Authenticate"]
-    headers = registry_auth.answer(challenge, registry_auth.Credentials(USER, PASSWORD))
+    _, params = registry_auth.parse_challenge(requests.get(url, timeout=10).headers["WWW-Authenticate"])
+    token = requests.get(params["realm"], params={"service": params["service"], "scope": params["scope"]},
+                         auth=(USER, PASSWORD), timeout=10).json()["token"]
     response = requests.get(url, timeout=10, headers={
-        **headers, "Accept": "application/vnd.docker.distribution.manifest.v2+json"})
+        "Authorization": f"Bearer {token}", "Accept": "application/vnd.docker.distribution.manifest.v2+json"})
     response.raise_for_status()
     return response.json()["config"]["digest"]
 

@@ -5,7 +5,8 @@ The digest is of what the tag names: for a multi-platform image its index (manif
 `docker pull` resolves it, so the pin holds on every platform. It is the sha256 of the bytes the
 registry sent, checked against the Docker-Content-Digest header where the registry gives one.
 A registry that asks for a login (401) gets the one the Docker config holds for it, or an anonymous
-token where its challenge is Bearer (Docker Hub, for public images).
+token where its challenge is Bearer (Docker Hub, for public images), as transport_policy allows: a
+digest is only ever read over TLS, or over plain http from loopback or an insecure-registries host.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ from dataclasses import dataclass
 
 
 from builder.errors import UserError
-from builder.publish import registry_auth
+from builder.publish import registry_auth, transport_policy
 from builder.publish.registry_http import ACCEPT_MANIFESTS, MANIFEST_TYPES, Retry, get_manifest
+from builder.publish.transport_policy import Policy, Refused
 
 # A reference without a registry host means Docker Hub, whose API answers on another host name.
 DOCKER_HUB = "docker.io"
@@ -60,12 +62,18 @@ def resolve(image: str, retry: Retry | None = None) -> str:
     """The manifest digest the registry's tag names now; UserError naming the base when it cannot say."""
     base = parse(image)
     credentials = registry_auth.docker_credentials(base.registry)
-    return (retry or RETRY).run(f"resolving base {image}", lambda: _manifest_digest(image, base, credentials))
+    policy = transport_policy.load()
+    try:
+        return (retry or RETRY).run(f"resolving base {image}",
+                                    lambda: _manifest_digest(image, base, credentials, policy))
+    except Refused as error:
+        raise Refused(f"base {image}: {error}") from None
 
 
-def _manifest_digest(image: str, base: BaseImage, credentials: registry_auth.Credentials | None) -> str:
+def _manifest_digest(image: str, base: BaseImage, credentials: registry_auth.Credentials | None,
+                     policy: Policy) -> str:
     host = base.api_host
-    response = get_manifest(host, base.repository, base.tag, ACCEPT_MANIFESTS, credentials)
+    response = get_manifest(host, base.repository, base.tag, ACCEPT_MANIFESTS, credentials, policy)
     status = response.status_code
     if status in (401, 403):
         refused = "refused the credentials in" if credentials else "wants a login, and there is none in"

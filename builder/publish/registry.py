@@ -18,8 +18,9 @@ from builder.engine.daemon import docker_client
 from builder.errors import BuildFailure, UserError
 from builder.lock import records, store
 from builder.lock.model import PushRecord
-from builder.publish import registry_auth
+from builder.publish import registry_auth, transport_policy
 from builder.publish.registry_http import ACCEPT_MANIFESTS, Retry, TransientError, api_get, get_manifest, reason
+from builder.publish.transport_policy import Policy
 
 # What the daemon says when the registry (or the way to it) failed, not the request.
 _TRANSIENT = re.compile(
@@ -53,19 +54,19 @@ def split_tag(reference: str) -> tuple[str, str]:
 # --- the registry's HTTP API, for probing only (the daemon does the transfers) -----------------
 
 
-def ping(host: str) -> None:
+def ping(host: str, policy: Policy) -> None:
     """The registry answers /v2/ (401 counts: it is up and wants credentials)."""
-    response = api_get(host, "/v2/")
+    response = api_get(host, "/v2/", None, policy)
     if response.status_code not in (200, 401):
         raise BuildFailure(f"{host} is not a registry: /v2/ answered HTTP {response.status_code}")
 
 
-def remote_config_digest(host: str, repository: str, tag: str,
-                         credentials: registry_auth.Credentials | None = None) -> str | None:
+def remote_config_digest(host: str, repository: str, tag: str, credentials: registry_auth.Credentials | None,
+                         policy: Policy) -> str | None:
     """The image id (config digest) the registry's tag points at; None when the tag is absent; '?'
     when it names a multi-platform index. A registry that wants a login gets one (basic or bearer);
     when it still will not say, the answer is unknown, and that refuses (UserError)."""
-    response = get_manifest(host, repository, tag, ACCEPT_MANIFESTS, credentials)
+    response = get_manifest(host, repository, tag, ACCEPT_MANIFESTS, credentials, policy)
     if response.status_code in (401, 403) and credentials is None:
         raise UserError(f"{host} needs a login to tell whether {repository}:{tag} exists, and "
                         f"{registry_auth.config_path()} has no credentials for it: run `docker login {host}`")
@@ -103,10 +104,11 @@ def push(stack: str, registry: str, *, lock_path: Path, retry: Retry = Retry(),
     except docker.errors.ImageNotFound:
         raise UserError(f"{stack}: image {image.image_id} is not in the Docker daemon: build or pull it") from None
     credentials = registry_auth.docker_credentials(host)
+    policy = transport_policy.load()
 
     def once() -> str:
-        ping(host)
-        existing = remote_config_digest(host, remote, tag, credentials)
+        ping(host, policy)
+        existing = remote_config_digest(host, remote, tag, credentials, policy)
         if existing not in (None, local_id):
             raise BuildFailure(f"{host}/{remote}:{tag} already names another image ({existing}); "
                                "immutable tags are never moved")
@@ -156,9 +158,10 @@ def pull(stack: str, registry: str | None = None, *, lock_path: Path, retry: Ret
         repository = pushed.repository
     reference = f"{host}/{repository}@{pushed.manifest_digest}"
     client = client or docker_client()
+    policy = transport_policy.load()
 
     def once():
-        ping(host)
+        ping(host, policy)
         try:
             return client.images.pull(reference)
         except docker.errors.NotFound:

@@ -4,6 +4,7 @@ A registry that wants a login answers 401 with a challenge (`WWW-Authenticate`):
 Distribution does with htpasswd) is answered with the user and password; `Bearer realm=...,
 service=..., scope=...` (Docker Hub, GHCR, Harbor, Distribution with token auth) by asking the
 realm for a token, with the user and password where the config has them, anonymously otherwise.
+Which of those may be sent where is transport_policy's to say; registry_http sends them.
 The credentials come from where `docker login` put them (DOCKER_CONFIG or ~/.docker/config.json,
 credential helpers included), read through the Docker SDK, so the daemon's push uses the same ones.
 """
@@ -17,11 +18,9 @@ from dataclasses import dataclass
 
 import docker.auth
 import docker.errors
-import requests
 
 from builder.errors import UserError
 
-TOKEN_TIMEOUT_S = 10
 _PARAM = re.compile(r'(\w+)="([^"]*)"')
 
 
@@ -58,25 +57,14 @@ def parse_challenge(header: str) -> tuple[str, dict]:
     return scheme.lower(), dict(_PARAM.findall(rest))
 
 
-def answer(challenge: str, credentials: Credentials | None) -> dict | None:
-    """The Authorization header that answers a 401's challenge; None when there is no way to log in."""
-    scheme, params = parse_challenge(challenge)
-    if scheme == "basic":
-        if credentials is None:
-            return None
-        pair = f"{credentials.username}:{credentials.password}".encode()
-        return {"Authorization": "Basic " + base64.b64encode(pair).decode()}
-    if scheme == "bearer" and params.get("realm"):
-        token = bearer_token(params, credentials)
-        return {"Authorization": f"Bearer {token}"} if token else None
-    return None
+def basic(credentials: Credentials) -> str:
+    """The Authorization value of a Basic login."""
+    pair = f"{credentials.username}:{credentials.password}".encode()
+    return "Basic " + base64.b64encode(pair).decode()
 
 
-def bearer_token(params: dict, credentials: Credentials | None) -> str | None:
-    """A token from the challenge's realm for its service and scope; None when the realm refuses."""
-    query = {key: params[key] for key in ("service", "scope") if params.get(key)}
-    auth = (credentials.username, credentials.password) if credentials else None
-    response = requests.get(params["realm"], params=query, auth=auth, timeout=TOKEN_TIMEOUT_S)
+def token_from(response) -> str | None:
+    """The token in a token service's answer ({"token": ...} or {"access_token": ...}); None when it refused."""
     if response.status_code != 200:
         return None
     try:
