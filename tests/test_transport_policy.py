@@ -125,8 +125,8 @@ def test_a_token_login_names_its_realm_and_scope():
      "registry 10.9.0.7:5000 asks for the login over plain http, and credentials go over plain http only to "
      "loopback: serve it over TLS"),
     ("registry.example.com", "https", 'Bearer realm="http://auth.example.net/token"',
-     "http://auth.example.net/token: plain http goes only to loopback and to the insecure-registries of "
-     "/etc/docker/daemon.json"),
+     "registry registry.example.com names the token service http://auth.example.net/token: plain http goes only "
+     "to loopback and to the insecure-registries of /etc/docker/daemon.json"),
     ("registry.example.com", "https", 'Bearer realm="http://127.0.0.1/token"',
      "registry registry.example.com names the token service http://127.0.0.1/token: a realm must be https "
      "unless the registry is loopback or in the insecure-registries of /etc/docker/daemon.json"),
@@ -136,7 +136,8 @@ def test_a_token_login_names_its_realm_and_scope():
     ("10.9.0.7:5000", "http", 'Bearer realm="https://auth.example.net/token"',
      "registry 10.9.0.7:5000 speaks plain http, and a token bought with the login goes over plain http only to "
      "loopback: serve it over TLS"),
-    ("127.0.0.1:5000", "http", 'Bearer realm="file:///etc/passwd"', "file:///etc/passwd: not an http(s) URL"),
+    ("127.0.0.1:5000", "http", 'Bearer realm="file:///etc/passwd"',
+     "registry 127.0.0.1:5000 names the token service file:///etc/passwd: not an http(s) URL"),
 ])
 def test_refusals_are_one_line_naming_the_host(host, scheme, challenge, message):
     with pytest.raises(Refused) as refused:

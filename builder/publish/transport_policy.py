@@ -174,7 +174,10 @@ def login_for(host: str, scheme: str, challenge: str, has_credentials: bool, pol
     if method != "bearer" or not params.get("realm"):
         return Login("none")
     realm = params["realm"]
-    policy.check_url(realm)
+    try:
+        policy.check_url(realm)
+    except Refused as error:
+        raise Refused(f"registry {host} names the token service {error}") from None
     realm_parts = urlsplit(realm)
     if realm_parts.scheme == "http" and kind is Kind.TLS_ONLY:
         raise Refused(f"registry {host} names the token service {realm}: a realm must be https unless the "
