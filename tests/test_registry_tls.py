@@ -169,15 +169,16 @@ def lock_run(project, folder: Path, host: str, insecure: list[str], extra_env: d
 def test_lock_refuses_a_host_whose_tls_fails_and_sends_nothing_over_http(project, stand_in, seen, tmp_path, port):
     host = f"{stand_in.address}{port}"
     result, before, lock_file = lock_run(project, tmp_path, host, insecure=[])
+    requests = seen()
+    assert no_login_sent(requests)
+    assert requests and all(r.get("tls_hello") for r in requests), requests  # TLS was tried, http never
+    assert {r["port"] for r in requests} == {int(port[1:]) if port else 443}
     assert result.returncode == 2, result.stderr
     assert result.stderr == (
         f"builder: error: {project.stack}: base {host}/{BASE_PATH}: registry {host}: TLS failed (wrong version "
         f"number); not retried over http: plain http goes only to loopback and to the insecure-registries of "
         f"{tmp_path}/daemon.json; nothing was locked\n")
     assert lock_file.read_bytes() == before
-    requests = seen()
-    assert requests and all(r.get("tls_hello") for r in requests), requests  # TLS was tried, http never
-    assert {r["port"] for r in requests} == {int(port[1:]) if port else 443}
     assert PASSWORD not in result.stdout + result.stderr
 
 
@@ -242,13 +243,14 @@ def test_push_refuses_a_host_whose_tls_fails_and_sends_nothing_over_http(stand_i
     before = cu128_lock.read_bytes()
     env = {**os.environ, **configs(tmp_path, host, insecure=[])}
     result = run_builder("push", CU128.name, "--registry", host, env=env)
+    requests = seen()
+    assert no_login_sent(requests)
+    assert requests and all(r.get("tls_hello") for r in requests), requests
     assert result.returncode == 2, result.stderr
     assert result.stderr == (
         f"builder: error: registry {host}: TLS failed (wrong version number); not retried over http: plain http "
         f"goes only to loopback and to the insecure-registries of {tmp_path}/daemon.json\n")
     assert cu128_lock.read_bytes() == before
-    requests = seen()
-    assert requests and all(r.get("tls_hello") for r in requests), requests
     assert PASSWORD not in result.stdout + result.stderr
 
 
