@@ -13,20 +13,25 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import http.server
 import json
 import os
 import shutil
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from builder.config.matrix import load_matrix
+from builder.errors import UserError
+from builder.publish import base_digest
+from builder.publish.registry_http import Retry
 from loopback_index import LoopbackServer, cu130_env, cu130_project
 from netns_registry import MANIFEST
-from support import REPO, link_project_files, run_builder
+from support import REPO, free_port, link_project_files, run_builder
 
 USER, PASSWORD = "builder", "s3cret-passw0rd"
 LOGIN = "Basic " + base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
@@ -278,3 +283,79 @@ def test_push_speaks_http_to_an_insecure_registry_but_never_sends_the_login(stan
     over_http = [(r["method"], r["path"]) for r in requests if "method" in r]
     assert over_http == [("GET", "/v2/"), ("GET", f"/v2/{image['repository']}/manifests/0.5.9-cu128-abc123")]
     assert no_login_sent(requests)
+
+
+# ---- redirects: never down to plain http to a host that is not allowed, never the login elsewhere ----
+
+
+class Redirector:
+    """A registry stand-in on loopback: 401 with a Basic challenge to a request without a login, a 307
+    to `target` to one with it, 404 when `target` is None; every request's headers recorded."""
+
+    def __init__(self, target: str | None = None):
+        self.target, self.requests = target, []
+        this = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                this.requests.append(dict(self.headers.items()))
+                if "Authorization" not in self.headers and this.target:
+                    self.send_response(401)
+                    self.send_header("WWW-Authenticate", 'Basic realm="loopback"')
+                elif this.target:
+                    self.send_response(307)
+                    self.send_header("Location", this.target)
+                else:
+                    self.send_response(404)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
+        self.host = f"127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def resolving(tmp_path, monkeypatch):
+    """base_digest.resolve with the login for `host` in the Docker config and no insecure registries."""
+
+    def resolve(host: str) -> str:
+        for key, value in configs(tmp_path, host, insecure=[]).items():
+            monkeypatch.setenv(key, value)
+        return base_digest.resolve(f"{host}/{BASE_PATH}", Retry(1, 0, lambda _: None, UserError))
+
+    return resolve
+
+
+def test_a_redirect_down_to_plain_http_elsewhere_is_refused(stand_in, seen, resolving, tmp_path):
+    target = f"http://{stand_in.address}/v2/nvidia/cuda/manifests/13.0.1-cudnn-devel-ubuntu24.04"
+    origin = Redirector(target)
+    try:
+        with pytest.raises(UserError) as refused:
+            resolving(origin.host)
+    finally:
+        origin.stop()
+    assert str(refused.value) == (f"base {origin.host}/{BASE_PATH}: {target}: plain http goes only to loopback and "
+                                  f"to the insecure-registries of {tmp_path}/daemon.json")
+    assert [r.get("Authorization") for r in origin.requests] == [None, LOGIN]  # loopback may have it
+    assert seen() == []
+
+
+def test_a_redirect_to_another_origin_carries_no_login(resolving):
+    elsewhere = Redirector()
+    origin = Redirector(f"http://{elsewhere.host}/v2/nvidia/cuda/manifests/13.0.1-cudnn-devel-ubuntu24.04")
+    try:
+        with pytest.raises(UserError, match=r"has no tag 13\.0\.1-cudnn-devel-ubuntu24\.04 in nvidia/cuda \(HTTP 404\)$"):
+            resolving(origin.host)
+    finally:
+        origin.stop()
+        elsewhere.stop()
+    assert [r.get("Authorization") for r in origin.requests] == [None, LOGIN]
+    assert len(elsewhere.requests) == 1 and "Authorization" not in elsewhere.requests[0]
