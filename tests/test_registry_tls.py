@@ -27,6 +27,7 @@ import pytest
 
 from builder.config.matrix import load_matrix
 from builder.errors import UserError
+from builder.lock import store
 from builder.publish import base_digest
 from builder.publish.registry_http import Retry
 from loopback_index import LoopbackServer, cu130_env, cu130_project
@@ -228,8 +229,8 @@ def test_over_trusted_tls_the_login_goes_and_the_digest_is_locked(project, stand
     result, before, lock_file = lock_run(project, tmp_path, host, insecure=[],
                                          extra_env={"REQUESTS_CA_BUNDLE": str(stand_in.certificate)})
     assert result.returncode == 0, result.stderr
-    entry = json.loads(lock_file.read_text())["stacks"][project.stack]
-    assert entry["base"]["digest"] == "sha256:" + hashlib.sha256(MANIFEST).hexdigest()
+    base = store.entry(project.stack, lock_file).resolution.base
+    assert base.manifest_digest == "sha256:" + hashlib.sha256(MANIFEST).hexdigest()
     assert lock_file.read_bytes() != before
     requests = seen()
     assert [(r["over_tls"], r["headers"].get("Authorization")) for r in requests] == [(True, None), (True, LOGIN)]
