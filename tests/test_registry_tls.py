@@ -353,10 +353,11 @@ def test_a_redirect_to_another_origin_carries_no_login(resolving):
     elsewhere = Redirector()
     origin = Redirector(f"http://{elsewhere.host}/v2/nvidia/cuda/manifests/13.0.1-cudnn-devel-ubuntu24.04")
     try:
-        with pytest.raises(UserError, match=r"has no tag 13\.0\.1-cudnn-devel-ubuntu24\.04 in nvidia/cuda \(HTTP 404\)$"):
+        with pytest.raises(UserError) as missing:
             resolving(origin.host)
     finally:
         origin.stop()
         elsewhere.stop()
+    assert str(missing.value).endswith("has no tag 13.0.1-cudnn-devel-ubuntu24.04 in nvidia/cuda (HTTP 404)")
     assert [r.get("Authorization") for r in origin.requests] == [None, LOGIN]
     assert len(elsewhere.requests) == 1 and "Authorization" not in elsewhere.requests[0]

@@ -36,7 +36,7 @@ class Kind(Enum):
 
 
 class Refused(UserError):
-    """Traffic the rules forbid: nothing was sent."""
+    """Traffic the rules forbid, refused before any of it is sent."""
 
 
 @dataclass(frozen=True)
@@ -49,15 +49,11 @@ class Login:
     query: tuple[tuple[str, str], ...] = ()
 
 
-def split_host(host: str) -> tuple[str, str]:
-    """'host:5000' -> ('host', '5000'); '[::1]:5000' -> ('::1', '5000'); '::1' -> ('::1', '')."""
+def host_name(host: str) -> str:
+    """'host:5000' -> 'host'; '[::1]:5000' -> '::1'; '::1' -> '::1'."""
     if host.startswith("["):
-        name, _, rest = host[1:].partition("]")
-        return name, rest.removeprefix(":")
-    if host.count(":") == 1:
-        name, _, port = host.partition(":")
-        return name, port
-    return host, ""
+        return host[1:].partition("]")[0]
+    return host.partition(":")[0] if host.count(":") == 1 else host
 
 
 def _address(name: str):
@@ -97,7 +93,7 @@ class Policy:
 
     def kind(self, host: str) -> Kind:
         host = host.lower()
-        name, _ = split_host(host)
+        name = host_name(host)
         address = _address(name)
         if name == "localhost" or address is not None and any(address in n for n in LOOPBACK_NETWORKS
                                                                if n.version == address.version):
