@@ -163,6 +163,8 @@ class BuildahEngine:
             identity=self.identity(),
             canonical_s=exported.seconds,
             canonical_bytes=exported.bytes_rewritten,
+            canonical_layers=exported.layers_rewritten,
+            native_id=native_id,
         )
 
     # -- canonical export ----------------------------------------------------------------------

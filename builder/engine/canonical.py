@@ -28,6 +28,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO
 
+from builder.errors import BuildFailure
+
 # Part of every cache key: bump when the canonical form changes.
 FORMAT = "canonical-tar-1"
 LAYER_MEDIA_TYPE = "application/vnd.oci.image.layer.v1.tar"
@@ -48,6 +50,23 @@ class _HashingWriter:
         self.digest.update(data)
         self.size += len(data)
         return self.sink.write(data)
+
+
+class _HashingReader:
+    """A read-only stream that hashes what is read from `source`."""
+
+    def __init__(self, source: IO[bytes]) -> None:
+        self.source, self.digest = source, hashlib.sha256()
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.source.read(size)
+        self.digest.update(data)
+        return data
+
+    def drain(self) -> str:
+        while self.read(_CHUNK):
+            pass
+        return "sha256:" + self.digest.hexdigest()
 
 
 @dataclass(frozen=True)
@@ -81,18 +100,27 @@ def canonical_entry(member: tarfile.TarInfo) -> tarfile.TarInfo:
     return entry
 
 
-def rewrite_layer(source: IO[bytes], sink: IO[bytes], drop_stubs: bool) -> CanonicalLayer:
-    """Read one layer tar from `source` (a stream), write its canonical form to `sink`."""
+def rewrite_layer(source: IO[bytes], sink: IO[bytes], drop_stubs: bool, native_diff_id: str) -> CanonicalLayer:
+    """Read one layer tar from `source` (a stream), write its canonical form to `sink`. The input must be
+    exactly the layer `native_diff_id` names: a short or damaged stream is an error, not a smaller layer."""
     writer = _HashingWriter(sink)
+    reader = _HashingReader(source)
     dropped: list[str] = []
-    with tarfile.open(fileobj=source, mode="r|") as tar_in, \
-            tarfile.open(fileobj=writer, mode="w|", format=tarfile.PAX_FORMAT, encoding="utf-8") as tar_out:
-        for member in tar_in:
-            if drop_stubs and member.isreg() and member.size == 0 and _entry_name(member) in ENGINE_STUBS:
-                dropped.append(_entry_name(member))
-                continue
-            entry = canonical_entry(member)
-            tar_out.addfile(entry, tar_in.extractfile(member) if member.isreg() else None)
+    try:
+        with tarfile.open(fileobj=reader, mode="r|", bufsize=_CHUNK) as tar_in, \
+                tarfile.open(fileobj=writer, mode="w|", format=tarfile.PAX_FORMAT, encoding="utf-8",
+                             errors="surrogateescape", bufsize=_CHUNK) as tar_out:
+            for member in tar_in:
+                if drop_stubs and member.isreg() and member.size == 0 and _entry_name(member) in ENGINE_STUBS:
+                    dropped.append(_entry_name(member))
+                    continue
+                entry = canonical_entry(member)
+                tar_out.addfile(entry, tar_in.extractfile(member) if member.isreg() else None)
+    except tarfile.TarError as error:
+        raise BuildFailure(f"layer {native_diff_id}: the engine's export is no readable tar: {error}") from None
+    read = reader.drain()
+    if read != native_diff_id:
+        raise BuildFailure(f"layer {native_diff_id}: the engine's export reads as {read}; not rewritten")
     return CanonicalLayer("sha256:" + writer.digest.hexdigest(), writer.size, tuple(dropped))
 
 

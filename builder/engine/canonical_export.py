@@ -174,7 +174,7 @@ def _rewrite(blobs: Path, descriptor: dict, drop_stubs: bool, native_diff_id: st
     partial = blobs / "rewrite.partial"
     opener = gzip.open if descriptor.get("mediaType", "").endswith("gzip") else open
     with opener(source, "rb") as stream, partial.open("wb") as sink:
-        made = canonical.rewrite_layer(stream, sink, drop_stubs)
+        made = canonical.rewrite_layer(stream, sink, drop_stubs, native_diff_id)
     source.unlink()  # the engine's copy: not needed any more, and it is as large as the canonical one
     partial.replace(blobs / _hex(made.diff_id))
     return made

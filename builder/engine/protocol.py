@@ -119,6 +119,9 @@ class BuildResult:
     # Rewriting the engine's image into its canonical form (engine/canonical_export.py): time, tar bytes.
     canonical_s: float = 0.0
     canonical_bytes: int = 0
+    canonical_layers: int = 0  # layers rewritten (0 when an earlier export is reused)
+    # The engine's own image id before the rewrite ("" where there is none): it differs between versions.
+    native_id: str = ""
 
 
 class ImageStore(Protocol):

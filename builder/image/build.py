@@ -60,6 +60,7 @@ def build_request(stack: Stack, context_dir: Path, dockerfile: Path, candidate: 
         add_hosts=network.add_hosts,
         secrets=network.secrets,
         network=None if needs_network(stack) else "none",
+        platform=stack.platform,
         no_cache=no_cache,
         progress=progress.line,
     )
@@ -119,6 +120,8 @@ def write_report(path: Path, stack: Stack, inputs: context.BuildInputs, result: 
     report = {
         "stack": stack.name,
         "engine": result.engine,
+        # Name and version: canonical export makes the id the same across versions; this says which made it.
+        "engine_identity": result.identity.to_dict() if result.identity else None,
         "image_id": result.image_id,
         "digest": result.image_id,
         "tags": tag_names,
@@ -191,9 +194,9 @@ def build_stack(stack: Stack, engine: Engine, progress: Progress, project: Proje
     durations = {"fetch_wheels": round(time.monotonic() - started, 1)}
     progress.stage(f"{stack.name}: building {immutable_tag}")
     result = _build_in_context(engine, stack, inputs, root, entry, cache, candidate, no_cache, progress)
-    durations.update(build=result.duration_s, deliver_to_docker=result.deliver_s)
+    durations.update(build=result.duration_s, canonical_export=result.canonical_s, deliver_to_docker=result.deliver_s)
     try:
-        immutable.check(engine, immutable_tag, result.image_id)
+        immutable.check(engine, immutable_tag, result.image_id, result.identity, entry.get("image"))
         smoke_result = _smoke(stack, entry, result.image_id, candidate, resmoke, progress, durations)
         if not smoke_result["passed"]:
             lock.record_smoke(stack.name, passed=False, report=smoke_result, image_id=result.image_id, path=lock_path)
@@ -212,13 +215,14 @@ def build_stack(stack: Stack, engine: Engine, progress: Progress, project: Proje
         started=started_on, finished=datetime.now(timezone.utc), durations_s=durations,
         external={"engine": engine.name, "no_cache": no_cache, "local_base": stack.base.local, "offline": offline,
                   "wheels_downloaded": fetched.downloaded, "wheel_bytes_downloaded": fetched.downloaded_bytes,
-                  "delivered_bytes": result.delivered_bytes},
+                  "delivered_bytes": result.delivered_bytes, "canonical_bytes_rewritten": result.canonical_bytes},
     )
     provenance_path = provenance.write(report_path, statement)
     lock.record_build(stack, lock.ImageRecord(
         image_id=result.image_id, tags=(immutable_tag, moving), inputs_hash=inputs.hash, base_digest=base_digest,
         source_date_epoch=stack.source_date_epoch, report=_relative(report_path, root),
         provenance=_relative(provenance_path, root), sbom=_relative(sbom_path, root),
+        engine=result.identity.to_dict() if result.identity else None,
     ), smoke_result, lock_path)
     progress.stage(f"{stack.name}: {immutable_tag} = {result.image_id} ({durations['total']} s; wheels downloaded: "
                    f"{fetched.downloaded_bytes} bytes; delivered to Docker: {result.delivered_bytes} bytes)")

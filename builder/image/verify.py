@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+from dataclasses import replace
 import shutil
 import subprocess
 import sys
@@ -21,6 +22,8 @@ from builder.publish import lock
 from builder.engine import get_engine
 from builder.engine.protocol import BuildRequest, ImageInfo, Layer
 from builder.engine.buildah import BuildahEngine
+from builder.engine.identity import describe
+from builder.image.immutable import recorded_engine
 from builder.errors import BuildFailure, UserError
 from builder.config.matrix import Matrix, load_matrix
 from builder.paths import Project, local_base_tag
@@ -156,14 +159,17 @@ def verify_against_lock(matrix: Matrix, name: str, local_base: bool) -> layer_di
         render.require_locked(stack, export)
         inputs = context.build_inputs(stack, export, lock.base_digest(stack, entry))
         progress = Progress.for_environment()
-        progress.stage(f"{stack.name}: one build of HEAD from empty storage, against {image['id']}")
+        fresh = BuildahEngine(storage_dir=workdir / "storage", export_to_docker=False)
+        fresh.check()
+        built_by, locked_by = fresh.identity(), describe(recorded_engine(image, image["id"]))
+        progress.stage(f"{stack.name}: one build of HEAD from empty storage with {built_by}, against {image['id']} "
+                       f"(made by {locked_by})")
         cache = wheel_cache.WheelCache()
         build.fetch_wheels(stack, entry, cache, offline=False, progress=progress)
         dockerfile = build.stage_context(inputs, export, entry, cache, workdir / "context")
         request = build.build_request(stack, workdir / "context", dockerfile, tags.candidate_tag(stack, inputs.hash),
                                       True, progress)
         bases = _export_bases([stack.base.image], workdir)
-        fresh = BuildahEngine(storage_dir=workdir / "storage", export_to_docker=False)
         try:
             for archive in bases:
                 loaded = fresh.load(archive)
@@ -174,7 +180,8 @@ def verify_against_lock(matrix: Matrix, name: str, local_base: bool) -> layer_di
             if new_id == image["id"]:
                 return layer_diff.Comparison(first_id=image["id"], second_id=new_id)
             locked, locked_engine = _locked_image(image["id"], export, image.get("report"))
-            return _describe_difference(image["id"], new_id, locked, locked_engine, fresh.inspect(new_id), fresh)
+            comparison = _describe_difference(image["id"], new_id, locked, locked_engine, fresh.inspect(new_id), fresh)
+            return replace(comparison, first_engine=f"{locked_by} (matrix.lock)", second_engine=f"{built_by} (this build)")
         finally:
             layer_diff.discard_storage(fresh, fresh.storage_dir)
     finally:

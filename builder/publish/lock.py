@@ -298,6 +298,8 @@ class ImageRecord:
     report: str  # paths relative to the project
     provenance: str
     sbom: str | None = None
+    # The engine that made the image, EngineIdentity.to_dict() ({"name", "version"}); None: not recorded.
+    engine: dict | None = None
 
 
 def record_build(stack: Stack | str, image: ImageRecord, smoke: dict, path: Path) -> None:
@@ -322,6 +324,8 @@ def record_build(stack: Stack | str, image: ImageRecord, smoke: dict, path: Path
             "provenance": image.provenance,
             "sbom": image.sbom if image.sbom is not None else (previous.get("sbom") if same_image else None),
         }
+        if image.engine is not None:
+            found["image"]["engine"] = dict(image.engine)
         found["smoke"] = {"image_id": image.image_id, "passed": True, "report": smoke}
         found.pop("rejected_candidate", None)
         if not same_image:
