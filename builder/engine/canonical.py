@@ -51,17 +51,33 @@ class _HashingWriter:
         self.size += len(data)
         return self.sink.write(data)
 
+    def tell(self) -> int:
+        return self.size
+
 
 class _HashingReader:
-    """A read-only stream that hashes what is read from `source`."""
+    """A stream read front to back that hashes every byte, even those tarfile skips with a forward seek.
+    (tarfile's own streaming mode copies its buffer on every read: 20 MB/s where this gives the disk's speed.)"""
 
     def __init__(self, source: IO[bytes]) -> None:
-        self.source, self.digest = source, hashlib.sha256()
+        self.source, self.digest, self.position = source, hashlib.sha256(), 0
 
     def read(self, size: int = -1) -> bytes:
         data = self.source.read(size)
         self.digest.update(data)
+        self.position += len(data)
         return data
+
+    def tell(self) -> int:
+        return self.position
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        target = offset if whence == 0 else self.position + offset
+        if target < self.position:
+            raise tarfile.ReadError("the layer stream cannot go backwards")
+        while self.position < target and self.read(min(_CHUNK, target - self.position)):
+            pass
+        return self.position
 
     def drain(self) -> str:
         while self.read(_CHUNK):
@@ -107,9 +123,9 @@ def rewrite_layer(source: IO[bytes], sink: IO[bytes], drop_stubs: bool, native_d
     reader = _HashingReader(source)
     dropped: list[str] = []
     try:
-        with tarfile.open(fileobj=reader, mode="r|", bufsize=_CHUNK) as tar_in, \
-                tarfile.open(fileobj=writer, mode="w|", format=tarfile.PAX_FORMAT, encoding="utf-8",
-                             errors="surrogateescape", bufsize=_CHUNK) as tar_out:
+        with tarfile.TarFile(fileobj=reader, mode="r", copybufsize=_CHUNK) as tar_in, \
+                tarfile.TarFile(fileobj=writer, mode="w", format=tarfile.PAX_FORMAT, encoding="utf-8",
+                                errors="surrogateescape", copybufsize=_CHUNK) as tar_out:
             for member in tar_in:
                 if drop_stubs and member.isreg() and member.size == 0 and _entry_name(member) in ENGINE_STUBS:
                     dropped.append(_entry_name(member))
