@@ -4,10 +4,14 @@ its own empty storage, and get one image id; the engines' own images differ (doc
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 from engine_helpers import EPOCH, TEST_BASE_TAG, write_context
 
-from builder.engine import engine_root
+from builder.engine import chrooted, engine_root
 from builder.engine.buildah import COMMAND_ENV, BuildahEngine, buildah_command
 from builder.engine.protocol import BuildRequest
 from builder.errors import UserError
@@ -111,3 +115,20 @@ def test_the_engine_root_is_named_by_its_recipe(tmp_path):
     assert first != engine_root.root_path(tmp_path, "trixie", ("buildah", "runc"))
     assert first != engine_root.root_path(tmp_path, "forky")
     assert "nofile=" in engine_root.containers_conf()
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    ([], "usage: python -m builder.engine.chrooted ROOT COMMAND [ARG...]"),
+    (["/nonexistent-root", "buildah"], "chrooted: error: /nonexistent-root is not a root filesystem (no usr/bin)"),
+])
+def test_chrooted_refuses_what_is_no_root_in_one_line(argv, message):
+    result = subprocess.run([sys.executable, "-m", "builder.engine.chrooted", *argv], capture_output=True, text=True)
+    assert (result.returncode, result.stderr.strip(), result.stdout) == (2, message, "")
+
+
+def test_chrooted_shares_each_host_directory_once():
+    repo = Path(__file__).resolve().parent.parent
+    shared = chrooted.shared_directories(repo / "builder", f"{repo}::relative:/nonexistent-dir:/tmp/x/..")
+    assert repo in shared and repo / "builder" not in shared  # the repository covers it
+    assert Path("/tmp") in shared and all(p.is_absolute() and p.is_dir() for p in shared)
+    assert len(shared) == len(set(shared)) and Path("/") not in shared
