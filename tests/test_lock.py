@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from builder.config import reference_figures
+from builder.engine.identity import EngineIdentity
 from builder.publish import lock
 from builder.errors import BuildFailure, UserError
 from builder.config.matrix import load_matrix
@@ -207,6 +208,18 @@ def test_build_records_its_whole_outcome_in_one_write_then_pin(path, monkeypatch
     pinned = lock.pin(CU128, references, path)
     assert pinned["status"] == "pinned" == lock.entry(CU128, path)["status"]
     assert lock.entry(CU128, path)["pinned"] == {"image_id": IMAGE, "digest": None}
+
+
+def test_the_engine_that_made_the_image_is_recorded_with_its_id(path):
+    locked(path)
+    built(path)
+    assert "engine" not in lock.entry(CU128, path)["image"]  # a build that did not say: nothing invented
+    identity = EngineIdentity("buildah", "1.39.3")
+    lock.record_build(CU128, dataclasses.replace(image_record(), engine=identity.to_dict()), {"passed": True},
+                      path=path)
+    image = lock.entry(CU128, path)["image"]
+    assert image["engine"] == {"name": "buildah", "version": "1.39.3"}
+    assert EngineIdentity.from_dict(image["engine"]) == identity
 
 
 def test_pin_refuses_an_image_that_has_not_passed_smoke(path):
