@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from builder.config import reference_figures
+from builder.engine.identity import EngineIdentity
 from builder.lock import records, store
 from builder.lock.model import ImageRecord, LockedBase, PinnedRecord, PushRecord, SmokeRecord
 from builder.lock.resolution import check_current, lock_stacks, record_base, requirements
@@ -219,6 +220,17 @@ def test_build_records_its_whole_outcome_in_one_write_then_pin(path, monkeypatch
     pinned = records.pin(CU128.name, references, path)
     assert pinned.outcome.status == "pinned" == entry(path).outcome.status
     assert entry(path).outcome.pinned == PinnedRecord(IMAGE, None)
+
+
+def test_the_engine_that_made_the_image_is_recorded_with_its_id(path):
+    locked(path)
+    built(path)
+    assert entry(path).outcome.image.engine is None  # a build that did not say: nothing invented
+    identity = EngineIdentity("buildah", "1.39.3")
+    records.record_build(CU128.name, dataclasses.replace(image_record(), engine=identity), {"passed": True}, path=path)
+    assert entry(path).outcome.image.engine == identity
+    assert json.loads(path.read_text())["stacks"][CU128.name]["outcome"]["image"]["engine"] == {
+        "name": "buildah", "version": "1.39.3"}
 
 
 def test_pin_refuses_an_image_that_has_not_passed_smoke(path):

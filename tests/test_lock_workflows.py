@@ -76,3 +76,32 @@ def test_gpu_workflow_pulls_by_digest_smokes_with_gpus_benches_and_pins():
     assert "runs-on: [self-hosted, linux, x64, gpu]" in text
     _steps_in_order(text, "name: lock-${{ matrix.stack }}", 'builder pull "$STACK"',
                     "--gpus all --json", '"$IMAGE" bench --mode "$mode"', 'builder pin "$STACK" "${reports[@]}"')
+
+
+def _rebuild_filter(text: str) -> str:
+    """The jq program rebuild.yml picks its rows with, as the workflow spells it."""
+    match = re.search(r"jq -c --slurpfile lock matrix.lock \\\n\s+'([^']+)'", text)
+    assert match, "rebuild.yml no longer filters rows with jq over matrix.lock"
+    return match[1]
+
+
+def test_rebuild_workflow_fetches_then_verifies_every_locked_local_row_weekly_and_on_demand():
+    text = (WORKFLOWS / "rebuild.yml").read_text()
+    assert "  schedule:\n    - cron: " in text and "  workflow_dispatch:\n" in text
+    _steps_in_order(text, "builder matrix --github --local-base", "fromJSON(needs.plan.outputs.matrix)",
+                    "builder base", 'builder fetch --stack "$STACK"', 'builder verify --against-lock "$STACK"',
+                    'exit "$status"')
+    assert "fail-fast: false" in text  # one row's difference does not hide another's
+    assert sorted(set(re.findall(r"uses: (\S+)", text))) == ["actions/checkout@v5", "actions/setup-python@v6"]
+
+
+def test_rebuild_workflow_keeps_exactly_the_rows_whose_image_is_locked(tmp_path):
+    jq = shutil.which("jq")
+    assert jq, "jq is not installed (apt-get install jq; GitHub's runners have it)"
+    rows = '{"include":[{"stack":"a-local"},{"stack":"b-local"},{"stack":"c-local"}]}'
+    lock = tmp_path / "matrix.lock"
+    lock.write_text('{"stacks": {"a-local": {"image": {"id": "sha256:1"}}, "b-local": {"image": null}}}')
+    program = _rebuild_filter((WORKFLOWS / "rebuild.yml").read_text())
+    result = subprocess.run([jq, "-c", "--slurpfile", "lock", str(lock), program], input=rows,
+                            capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == '{"include":[{"stack":"a-local"}]}'

@@ -131,3 +131,15 @@ RUN echo after > /after.txt
     assert result.step.endswith("/bin/sh -c date +%s%N > /built-at.txt")
     assert result.files == (FileDifference("built-at.txt", "content"),)
     assert result.describe()[1].startswith("first differing layer: #3 made by: ")
+
+
+def test_a_difference_names_both_engines_last_and_an_identical_result_stays_one_line():
+    from builder.image.layer_diff import Comparison
+    a, b = "sha256:" + "a" * 64, "sha256:" + "b" * 64
+    differ = Comparison(a, b, layer_index=1, step="RUN x", files=(FileDifference("opt/x", "mode"),),
+                        first_engine="buildah 1.28.2 (matrix.lock)", second_engine="buildah 1.39.3 (this build)")
+    assert differ.describe() == [
+        f"digests differ: {a} != {b}", "first differing layer: #2 made by: RUN x", "  opt/x: mode",
+        f"engines: buildah 1.28.2 (matrix.lock) made {a}, buildah 1.39.3 (this build) made {b}"]
+    same = Comparison(a, a, first_engine="buildah 1.28.2", second_engine="buildah 1.39.3")
+    assert same.describe() == [f"identical: {a}"]

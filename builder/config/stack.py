@@ -110,6 +110,9 @@ class Bench:
     regression_tolerance: float
 
 
+PLATFORM = "linux/amd64"
+
+
 @dataclass(frozen=True)
 class Stack:
     name: str  # row name: stack name plus axis values, usable as a tag
@@ -133,6 +136,11 @@ class Stack:
     source_url: str = ""  # the project's public repository, from the matrix (never from the clone)
     # The row this one replaced (its stack before an upgrade): `bench` falls back to its figures.
     replaces: str | None = None
+
+    @property
+    def platform(self) -> str:
+        """The os/arch every row is built for (the SM120 machines are x86-64), passed to the engine."""
+        return PLATFORM
 
     def package(self, name: str) -> Package | None:
         wanted = canonicalize_name(name)

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -19,7 +21,9 @@ import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-from builder.engine import delivery
+from builder.engine import canonical_export, delivery
+from builder.engine.identity import EngineIdentity
+from builder.paths import cache_root
 from builder.engine.process import run_quiet, run_streaming
 from builder.engine.protocol import (
     BuildRequest,
@@ -33,29 +37,47 @@ from builder.engine.daemon import DockerDaemon, ImageNotFound
 from builder.errors import BuildFailure, UserError
 
 INSTALL_HINT = "install it with scripts/setup-host (or apt-get install buildah)"
+# The command that runs buildah, e.g. another release's from a root made by engine_root.py.
+COMMAND_ENV = "BUILDER_BUILDAH"
+
+
+def buildah_command() -> list[str]:
+    """$BUILDER_BUILDAH split as a shell would (a command prefix, never run by a shell), else buildah."""
+    value = os.environ.get(COMMAND_ENV, "").strip()
+    if not value:
+        return ["buildah"]
+    try:
+        return shlex.split(value)
+    except ValueError as error:
+        raise UserError(f"{COMMAND_ENV}={value!r}: {error}") from None
 
 
 class BuildahEngine:
     """buildah with its default storage, or a private one (storage_dir) for builds from an empty cache.
 
     export_to_docker: copy built images into the Docker daemon (off for throwaway verify builds).
+    command: how to run buildah (default: $BUILDER_BUILDAH, else `buildah` from PATH).
+    Every build ends in the canonical form of its image (canonical_export.py): that is the image id.
     """
 
     name = "buildah"
     reproducible = True
 
-    def __init__(self, storage_dir: Path | None = None, export_to_docker: bool = True) -> None:
+    def __init__(self, storage_dir: Path | None = None, export_to_docker: bool = True,
+                 command: list[str] | None = None) -> None:
         self.storage_dir = storage_dir
         self.export_to_docker = export_to_docker
+        self.command = list(command) if command else buildah_command()
         self.daemon = DockerDaemon()
+        self._version: str | None = None
 
     # -- command lines -------------------------------------------------------------------------
 
     def _global_args(self) -> list[str]:
         if self.storage_dir is None:
-            return ["buildah"]
+            return list(self.command)
         return [
-            "buildah",
+            *self.command,
             "--root", str(self.storage_dir / "root"),
             "--runroot", str(self.storage_dir / "run"),
             "--storage-driver", "overlay",
@@ -84,14 +106,20 @@ class BuildahEngine:
     # -- Engine interface ----------------------------------------------------------------------
 
     def check(self) -> None:
-        if shutil.which("buildah") is None:
-            raise UserError(f"buildah not found: {INSTALL_HINT}")
+        if shutil.which(self.command[0]) is None:
+            where = f" ({COMMAND_ENV}={shlex.join(self.command)})" if self.command != ["buildah"] else ""
+            raise UserError(f"{self.command[0]} not found{where}: {INSTALL_HINT}")
         if self.export_to_docker:
             self.daemon.check()
 
     def version(self) -> str:
-        output = run_quiet(["buildah", "--version"], "buildah --version").split()
-        return output[2] if len(output) > 2 else " ".join(output)
+        if self._version is None:
+            output = run_quiet([*self.command, "--version"], "buildah --version").split()
+            self._version = output[2] if len(output) > 2 else " ".join(output)
+        return self._version
+
+    def identity(self) -> EngineIdentity:
+        return EngineIdentity(self.name, self.version())
 
     def stores(self) -> tuple[tuple[str, object], ...]:
         own = (("buildah", self),)
@@ -105,6 +133,7 @@ class BuildahEngine:
         check_request_inputs(request)
         self._check_single_names(request)
         started = time.monotonic()
+        previous = self._previous_tags(request.tags)
         with tempfile.TemporaryDirectory(prefix="builder-iid-") as scratch:
             iidfile = Path(scratch) / "iid"
             run_streaming(
@@ -112,10 +141,16 @@ class BuildahEngine:
                 what=f"buildah build of {request.tags[0]}",
                 on_line=request.progress,
             )
-            image_id = _normalise_id(iidfile.read_text().strip())
+            native_id = _normalise_id(iidfile.read_text().strip())
+        try:
+            exported = self._canonical(native_id, request)
+        except BaseException:
+            self._restore_tags(*previous)
+            raise
+        image_id = exported.image_id
         built = time.monotonic()
         info = self.inspect(image_id)
-        delivered = self._apply_tags(info, request.tags)
+        delivered = self._apply_tags(info, request.tags, previous)
         deliver_s = time.monotonic() - built
         return BuildResult(
             image_id=image_id,
@@ -125,7 +160,54 @@ class BuildahEngine:
             duration_s=round(time.monotonic() - started, 1),
             deliver_s=round(deliver_s, 1),
             delivered_bytes=delivered,
+            identity=self.identity(),
+            canonical_s=exported.seconds,
+            canonical_bytes=exported.bytes_rewritten,
+            canonical_layers=exported.layers_rewritten,
+            native_id=native_id,
         )
+
+    # -- canonical export ----------------------------------------------------------------------
+
+    def _canonical_index(self) -> canonical_export.CanonicalIndex:
+        if self.storage_dir is not None:
+            return canonical_export.CanonicalIndex(self.storage_dir / "canonical-index")
+        return canonical_export.CanonicalIndex(cache_root() / "canonical-index")
+
+    def _canonical(self, native_id: str, request: BuildRequest) -> canonical_export.Export:
+        """The canonical form of the engine's image: the one found by an earlier export of the same
+        image, else a new one (canonical_export.py)."""
+        index = self._canonical_index()
+        known = index.image(native_id)
+        if known is not None and self.exists(known):
+            return canonical_export.Export(known)
+        info = self.inspect(native_id)
+        base_layers, base_history = self._base_prefix(info, request)
+        native = canonical_export.NativeImage(
+            image_id=native_id, config=dict(info.config),
+            diff_ids=tuple(layer.diff_id for layer in info.layers),
+            sizes=tuple(layer.size for layer in info.layers),
+            steps=tuple(layer.created_by for layer in info.layers),
+            base_layers=base_layers, base_history=base_history,
+        )
+        workdir = self.storage_dir / "tmp" if self.storage_dir is not None else Path(tempfile.gettempdir())
+        if request.progress:
+            request.progress(f"canonical export of {native_id}")
+        return canonical_export.export(self._global_args(), native, index, workdir, request.tags[0])
+
+    def _base_prefix(self, info: ImageInfo, request: BuildRequest) -> tuple[int, int]:
+        """(layers, history entries) the image takes unchanged from its base: the base named in the
+        Dockerfile whose layers are the longest prefix of the image's."""
+        diff_ids = [layer.diff_id for layer in info.layers]
+        best = (0, 0)
+        for ref in base_image_refs(request.dockerfile.read_text(errors="replace"), request.build_args):
+            if not self.exists(ref):
+                continue
+            base = self.inspect(ref)
+            own = [layer.diff_id for layer in base.layers]
+            if diff_ids[:len(own)] == own and len(own) > best[0]:
+                best = (len(own), len(base.config.get("history") or []))
+        return best
 
     def _check_single_names(self, request: BuildRequest) -> None:
         """buildah records "FROM <name>" in the history, and with a base image known by several
@@ -143,16 +225,22 @@ class BuildahEngine:
                     f"which name buildah records; remove the extra names (buildah rmi NAME)"
                 )
 
-    def _apply_tags(self, info: ImageInfo, tags: tuple[str, ...]) -> int:
-        """Tag in buildah's storage and copy into the daemon; on any failure or Ctrl-C, put every
-        tag back where it was, so no tag points at an image that was not fully delivered. Returns
-        the bytes written into the daemon."""
-        image_id = info.image_id
-        delivered = 0
+    def _previous_tags(self, tags: tuple[str, ...]) -> tuple[dict, dict]:
+        """Where each tag points now, in buildah and the daemon: what a failed build puts back."""
         previous = {tag: self._image_id_or_none(tag) for tag in tags}
         previous_daemon = (
             {tag: self.daemon.image_id(tag) for tag in tags} if self.export_to_docker else {}
         )
+        return previous, previous_daemon
+
+    def _apply_tags(self, info: ImageInfo, tags: tuple[str, ...], previous_tags: tuple[dict, dict] | None = None,
+                    ) -> int:
+        """Tag in buildah's storage and copy into the daemon; on any failure or Ctrl-C, put every
+        tag back where it was (as `previous_tags` found them, else as they are now), so no tag points
+        at an image that was not fully delivered. Returns the bytes written into the daemon."""
+        image_id = info.image_id
+        delivered = 0
+        previous, previous_daemon = previous_tags or self._previous_tags(tags)
         try:
             run_quiet(self._global_args() + ["tag", image_id, *tags], "buildah tag")
             if self.export_to_docker:
@@ -216,14 +304,15 @@ class BuildahEngine:
 
     def _untag(self, tag: str) -> None:
         # `buildah rmi NAME` on an image with other names removes only that name.
-        run_quiet(self._global_args() + ["rmi", tag], f"removing tag {tag}")
+        if self.exists(tag):
+                run_quiet(self._global_args() + ["rmi", tag], f"removing tag {tag}")
 
     def exists(self, ref: str) -> bool:
         return _exit_ok(self._global_args() + ["inspect", "--type", "image", ref])
 
     def inspect(self, ref: str) -> ImageInfo:
-        if shutil.which("buildah") is None:
-            raise UserError(f"buildah not found: {INSTALL_HINT}")
+        if shutil.which(self.command[0]) is None:
+            raise UserError(f"{self.command[0]} not found: {INSTALL_HINT}")
         if not self.exists(ref):
             raise ImageNotFound(f"image {ref} not found in buildah's storage")
         raw = json.loads(

@@ -22,6 +22,7 @@ from pathlib import Path
 from builder.engine.process import run_streaming
 from builder.engine.protocol import BuildRequest, BuildResult, ImageInfo, check_request_inputs, request_flags
 from builder.engine.daemon import DockerDaemon
+from builder.engine.identity import EngineIdentity
 from builder.errors import UserError
 
 INSTALL_HINT = "install docker-buildx (or Debian's docker.io, whose CLI has BuildKit built in)"
@@ -66,6 +67,9 @@ class DockerEngine:
 
     def version(self) -> str:
         return self.daemon.version()
+
+    def identity(self) -> EngineIdentity:
+        return EngineIdentity(self.name, self.version())
 
     def stores(self) -> tuple[tuple[str, DockerDaemon], ...]:
         return (("docker daemon", self.daemon),)
@@ -112,6 +116,7 @@ class DockerEngine:
             engine=self.name,
             layers=self.inspect(image_id).layers,
             duration_s=round(time.monotonic() - started, 1),
+            identity=self.identity(),
         )
 
     def _require_local_bases(self, dockerfile: Path) -> None:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from builder.engine.identity import EngineIdentity
 from builder.errors import UserError
 
 # Each line the engine prints during a build; the caller decides how to show it (terminal or CI).
@@ -49,6 +50,8 @@ class BuildRequest:
     labels: Mapping[str, str] = field(default_factory=dict)
     no_cache: bool = False
     target: str | None = None
+    # os/arch the image is for, e.g. "linux/amd64": passed to the engine, never left to the host's default.
+    platform: str | None = None
     progress: ProgressCallback | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
@@ -111,6 +114,14 @@ class BuildResult:
     deliver_s: float = 0.0
     # What delivery wrote into the Docker daemon; 0 where the engine builds inside the daemon.
     delivered_bytes: int = 0
+    # The engine and its version that made the image.
+    identity: EngineIdentity | None = None
+    # Rewriting the engine's image into its canonical form (engine/canonical_export.py): time, tar bytes.
+    canonical_s: float = 0.0
+    canonical_bytes: int = 0
+    canonical_layers: int = 0  # layers rewritten (0 when an earlier export is reused)
+    # The engine's own image id before the rewrite ("" where there is none): it differs between versions.
+    native_id: str = ""
 
 
 class ImageStore(Protocol):
@@ -139,6 +150,9 @@ class Engine(Protocol):
 
     def version(self) -> str:
         """The engine's own version, for provenance (never for anything hashed)."""
+
+    def identity(self) -> EngineIdentity:
+        """Name and version: recorded with every image id the engine makes."""
 
     def stores(self) -> tuple[tuple[str, ImageStore], ...]:
         """(name, store) of every place this engine keeps tags: where an immutable tag must not move."""
@@ -204,6 +218,8 @@ def request_flags(request: BuildRequest) -> list[str]:
         argv += ["--target", request.target]
     if request.network:
         argv += ["--network", request.network]
+    if request.platform:
+        argv += ["--platform", request.platform]
     for name, value in request.build_args.items():
         argv += ["--build-arg", f"{name}={value}"]
     for name, value in request.labels.items():

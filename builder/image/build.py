@@ -61,6 +61,7 @@ def build_request(stack: Stack, context_dir: Path, dockerfile: Path, candidate: 
         add_hosts=network.add_hosts,
         secrets=network.secrets,
         network=None if needs_network(stack) else "none",
+        platform=stack.platform,
         no_cache=no_cache,
         progress=progress.line,
     )
@@ -120,6 +121,8 @@ def write_report(path: Path, stack: Stack, inputs: context.BuildInputs, result: 
     report = {
         "stack": stack.name,
         "engine": result.engine,
+        # Name and version: canonical export makes the id the same across versions; this says which made it.
+        "engine_identity": result.identity.to_dict() if result.identity else None,
         "image_id": result.image_id,
         "tags": tag_names,
         "source_date_epoch": stack.source_date_epoch,
@@ -192,9 +195,9 @@ def build_stack(stack: Stack, engine: Engine, progress: Progress, project: Proje
     durations = {"fetch_wheels": round(time.monotonic() - started, 1)}
     progress.stage(f"{stack.name}: building {immutable_tag}")
     result = _build_in_context(engine, stack, inputs, root, resolution, cache, candidate, no_cache, progress)
-    durations.update(build=result.duration_s, deliver_to_docker=result.deliver_s)
+    durations.update(build=result.duration_s, canonical_export=result.canonical_s, deliver_to_docker=result.deliver_s)
     try:
-        immutable.check(engine, immutable_tag, result.image_id)
+        immutable.check(engine, immutable_tag, result.image_id, result.identity, entry.outcome.image)
         smoke_result = _smoke(stack, entry, result.image_id, candidate, resmoke, progress, durations)
         if not smoke_result["passed"]:
             records.record_smoke(stack.name, passed=False, report=smoke_result, image_id=result.image_id, path=lock_path)
@@ -213,13 +216,14 @@ def build_stack(stack: Stack, engine: Engine, progress: Progress, project: Proje
         started=started_on, finished=datetime.now(timezone.utc), durations_s=durations,
         external={"engine": engine.name, "no_cache": no_cache, "local_base": stack.base.local, "offline": offline,
                   "wheels_downloaded": fetched.downloaded, "wheel_bytes_downloaded": fetched.downloaded_bytes,
-                  "delivered_bytes": result.delivered_bytes},
+                  "delivered_bytes": result.delivered_bytes, "canonical_bytes_rewritten": result.canonical_bytes},
     )
     provenance_path = provenance.write(report_path, statement)
     records.record_build(stack.name, ImageRecord(
         image_id=result.image_id, immutable_tag=immutable_tag, tags=(immutable_tag, moving), inputs_hash=inputs.hash,
         base=resolution.base, source_date_epoch=stack.source_date_epoch, report=project_relative(report_path, root),
         provenance=project_relative(provenance_path, root), sbom=project_relative(sbom_path, root),
+        engine=result.identity,
     ), smoke_result, lock_path)
     progress.stage(f"{stack.name}: {immutable_tag} = {result.image_id} ({durations['total']} s; wheels downloaded: "
                    f"{fetched.downloaded_bytes} bytes; delivered to Docker: {result.delivered_bytes} bytes)")

@@ -8,8 +8,10 @@ two images part: the first differing layer, or else the differing config fields.
 
 from __future__ import annotations
 
+from builder.engine.identity import EngineIdentity, describe
 from builder.engine.protocol import Engine, ImageInfo
 from builder.errors import BuildFailure
+from builder.lock.model import ImageRecord
 from builder.image.layer_diff import config_differences, first_differing_layer
 
 _FIELDS_SHOWN = 6
@@ -26,15 +28,24 @@ def first_difference(held: ImageInfo, built: ImageInfo) -> str:
     return f"all layers equal; config differs in {', '.join(fields[:_FIELDS_SHOWN])}{more}"
 
 
-def check(engine: Engine, tag: str, image_id: str) -> None:
-    """Raise BuildFailure when `tag` names an image other than `image_id` in any of the engine's stores."""
+def recorded_engine(image: ImageRecord | None, image_id: str | None) -> EngineIdentity | None:
+    """The engine a lock image record says made `image_id`; None when it records another image or none."""
+    return image.engine if image is not None and image.image_id == image_id else None
+
+
+def check(engine: Engine, tag: str, image_id: str, built_by: EngineIdentity | None = None,
+          locked_image: ImageRecord | None = None) -> None:
+    """Raise BuildFailure when `tag` names an image other than `image_id` in any of the engine's stores.
+    The message names the engine of each: this build's (`built_by`), and the held image's where the lock's
+    image record (`locked_image`) is that image."""
     for where, store in engine.stores():
         held = store.image_id(tag)
         if held is None or held == image_id:
             continue
         difference = first_difference(store.inspect(held), store.inspect(image_id))
         raise BuildFailure(
-            f"immutable tag {tag} already names {held} in {where}, this build made {image_id}: "
+            f"immutable tag {tag} already names {held} (made by {describe(recorded_engine(locked_image, held))}) "
+            f"in {where}, this build made {image_id} (with {describe(built_by)}): "
             f"{difference}; no tag moved (the inputs did not determine the image: "
             f"`builder verify --against-lock` shows why, remove the old image to accept the new one)"
         )

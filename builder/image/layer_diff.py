@@ -58,6 +58,9 @@ class Comparison:
     step: str = ""
     files: tuple[FileDifference, ...] = ()
     config_fields: tuple[str, ...] = ()  # config paths that differ (when no layer does)
+    # The engine (name and version) that made each image, where known: named when the ids differ.
+    first_engine: str = ""
+    second_engine: str = ""
 
     @property
     def identical(self) -> bool:
@@ -77,6 +80,9 @@ class Comparison:
             lead = "all layers equal; image config differs in" if self.layer_index is None else \
                 "the image config differs too, in"
             lines.append(f"{lead}: {', '.join(self.config_fields)}")
+        if self.first_engine or self.second_engine:
+            lines.append(f"engines: {self.first_engine or 'unrecorded'} made {self.first_id}, "
+                         f"{self.second_engine or 'unrecorded'} made {self.second_id}")
         return lines
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+from dataclasses import replace
 import shutil
 import subprocess
 import sys
@@ -22,6 +23,7 @@ from builder.lock.resolution import base_pin, check_current
 from builder.engine import get_engine
 from builder.engine.protocol import BuildRequest, ImageInfo, Layer
 from builder.engine.buildah import BuildahEngine
+from builder.engine.identity import describe
 from builder.errors import BuildFailure, UserError
 from builder.config.matrix import Matrix, load_matrix
 from builder.paths import Project, local_base_tag
@@ -158,14 +160,17 @@ def verify_against_lock(matrix: Matrix, name: str, local_base: bool) -> layer_di
         resolution = entry.resolution
         inputs = context.build_inputs(stack, export, base_pin(stack, resolution))
         progress = Progress.for_environment()
-        progress.stage(f"{stack.name}: one build of HEAD from empty storage, against {image.image_id}")
+        fresh = BuildahEngine(storage_dir=workdir / "storage", export_to_docker=False)
+        fresh.check()
+        built_by, locked_by = fresh.identity(), describe(image.engine)
+        progress.stage(f"{stack.name}: one build of HEAD from empty storage with {built_by}, against "
+                       f"{image.image_id} (made by {locked_by})")
         cache = wheel_cache.WheelCache()
         build.fetch_wheels(stack, resolution, cache, offline=False, progress=progress)
         dockerfile = build.stage_context(inputs, export, resolution, cache, workdir / "context")
         request = build.build_request(stack, workdir / "context", dockerfile, tags.candidate_tag(stack, inputs.hash),
                                       True, progress)
         bases = _export_bases([stack.base.image], workdir)
-        fresh = BuildahEngine(storage_dir=workdir / "storage", export_to_docker=False)
         try:
             for archive in bases:
                 loaded = fresh.load(archive)
@@ -176,7 +181,9 @@ def verify_against_lock(matrix: Matrix, name: str, local_base: bool) -> layer_di
             if new_id == image.image_id:
                 return layer_diff.Comparison(first_id=image.image_id, second_id=new_id)
             locked, locked_engine = _locked_image(image.image_id, export, image.report)
-            return _describe_difference(image.image_id, new_id, locked, locked_engine, fresh.inspect(new_id), fresh)
+            comparison = _describe_difference(image.image_id, new_id, locked, locked_engine, fresh.inspect(new_id),
+                                              fresh)
+            return replace(comparison, first_engine=f"{locked_by} (matrix.lock)", second_engine=f"{built_by} (this build)")
         finally:
             layer_diff.discard_storage(fresh, fresh.storage_dir)
     finally:

@@ -14,6 +14,8 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, field, replace
 
+from builder.engine.identity import EngineIdentity
+
 DEFAULT_INDEX = "default index"  # a distribution's `source` when it comes from pip's default index (or a mirror)
 
 STATUS_RESOLVED = "resolved"  # `builder lock` hashed the pins; no image yet
@@ -165,15 +167,18 @@ class ImageRecord:
     provenance: str
     sbom: str | None = None
     manifest_digest: str | None = None  # set by `builder push`
+    engine: EngineIdentity | None = None  # the engine (and version) that made it; None: not recorded
 
     def to_dict(self) -> dict:
-        return {**asdict(self), "tags": list(self.tags), "base": self.base.to_dict()}
+        return {**asdict(self), "tags": list(self.tags), "base": self.base.to_dict(),
+                "engine": self.engine.to_dict() if self.engine else None}
 
     @classmethod
     def from_dict(cls, data: dict) -> ImageRecord:
+        engine = EngineIdentity.from_dict(data["engine"]) if data.get("engine") else None
         return cls(data["image_id"], data["immutable_tag"], tuple(data["tags"]), data["inputs_hash"],
                    LockedBase.from_dict(data["base"]), int(data["source_date_epoch"]), data["report"],
-                   data["provenance"], _optional(data, "sbom"), _optional(data, "manifest_digest"))
+                   data["provenance"], _optional(data, "sbom"), _optional(data, "manifest_digest"), engine)
 
 
 @dataclass(frozen=True)

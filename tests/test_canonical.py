@@ -1,0 +1,155 @@
+"""builder.engine.canonical: the layer and config form every buildah version gives alike, on hand-made tars
+that reproduce what 1.28.2 and 1.39.3 write (measured: docs/engines.md)."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import tarfile
+
+import pytest
+
+from builder.engine import canonical
+from builder.engine.canonical_export import CanonicalIndex
+from builder.errors import BuildFailure
+
+EPOCH = 1735689600
+LONG = "opt/venv/lib/python3.11/site-packages/" + "a" * 120 + "/__init__.py"
+
+
+def engine_tar(type_bits: bool, stub_mode: int, uname: str = "", pax_time: bool = False) -> bytes:
+    """A RUN layer as buildah writes it: 1.28.2 puts the file type into the mode field (type_bits),
+    1.39.3 does not; both leave an empty etc/hostname whose mode differs."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        def add(name, kind, mode, data=b"", link="", xattrs=None):
+            info = tarfile.TarInfo(name)
+            info.type, info.mtime, info.linkname, info.uname, info.gname = kind, EPOCH, link, uname, uname
+            type_mode = {tarfile.DIRTYPE: 0o040000, tarfile.SYMTYPE: 0o120000}.get(kind, 0o100000)
+            info.mode = mode | (type_mode if type_bits else 0)
+            info.size = len(data)
+            info.pax_headers = dict(xattrs or {})
+            if pax_time:
+                info.pax_headers["atime"] = "1735689600.123"
+            tar.addfile(info, io.BytesIO(data) if kind == tarfile.REGTYPE else None)
+        add("etc", tarfile.DIRTYPE, 0o755)
+        add("etc/hostname", tarfile.REGTYPE, stub_mode)
+        add("opt", tarfile.DIRTYPE, 0o755)
+        add("opt/x", tarfile.REGTYPE, 0o4755, b"hi\n", xattrs={"SCHILY.xattr.user.b": "2", "SCHILY.xattr.user.a": "1"})
+        add("opt/y", tarfile.SYMTYPE, 0o777, link="x")
+        add("opt/z", tarfile.LNKTYPE, 0o4755, link="opt/x")
+        add(LONG, tarfile.REGTYPE, 0o644, b"long\n")
+        add("tmp", tarfile.DIRTYPE, 0o1777)
+    return buffer.getvalue()
+
+
+def rewrite(data: bytes, drop_stubs: bool = True) -> tuple[canonical.CanonicalLayer, bytes]:
+    sink = io.BytesIO()
+    made = canonical.rewrite_layer(io.BytesIO(data), sink, drop_stubs, "sha256:" + hashlib.sha256(data).hexdigest())
+    return made, sink.getvalue()
+
+
+def members(data: bytes) -> dict[str, tarfile.TarInfo]:
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        return {m.name: m for m in tar.getmembers()}
+
+
+def test_both_engine_versions_layers_become_one():
+    old, new = engine_tar(type_bits=True, stub_mode=0o755), engine_tar(type_bits=False, stub_mode=0o644)
+    assert old != new
+    (made_old, out_old), (made_new, out_new) = rewrite(old), rewrite(new)
+    assert made_old.diff_id == made_new.diff_id and out_old == out_new
+    assert made_old.diff_id == "sha256:" + hashlib.sha256(out_old).hexdigest()
+    assert made_old.size == len(out_old)
+    assert made_old.dropped == ("etc/hostname",)
+
+
+def test_the_canonical_entries_keep_everything_but_type_bits_names_and_stubs():
+    _, out = rewrite(engine_tar(type_bits=True, stub_mode=0o755, uname="root", pax_time=True))
+    entries = members(out)
+    assert list(entries) == ["etc", "opt", "opt/x", "opt/y", "opt/z", LONG, "tmp"]  # the engine's order
+    assert {name: oct(m.mode) for name, m in entries.items()} == {
+        "etc": "0o755", "opt": "0o755", "opt/x": "0o4755", "opt/y": "0o777", "opt/z": "0o4755",
+        LONG: "0o644", "tmp": "0o1777"}
+    assert all(m.uname == m.gname == "" and m.mtime == EPOCH for m in entries.values())
+    assert entries["opt/y"].linkname == "x" and entries["opt/z"].islnk() and entries["opt/z"].linkname == "opt/x"
+    assert entries["opt/x"].pax_headers == {"SCHILY.xattr.user.a": "1", "SCHILY.xattr.user.b": "2"}
+    assert "atime" not in entries["opt/x"].pax_headers
+    with tarfile.open(fileobj=io.BytesIO(out)) as tar:
+        assert tar.extractfile(LONG).read() == b"long\n"
+
+
+def test_stubs_stay_where_no_run_step_made_the_layer_and_when_not_empty():
+    made, out = rewrite(engine_tar(type_bits=False, stub_mode=0o644), drop_stubs=False)
+    assert made.dropped == () and "etc/hostname" in members(out)
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        info = tarfile.TarInfo("etc/hosts")
+        info.size = 10
+        tar.addfile(info, io.BytesIO(b"127.0.0.1\n"))
+    made, out = rewrite(buffer.getvalue())
+    assert made.dropped == () and members(out)["etc/hosts"].size == 10
+
+
+@pytest.mark.parametrize("cut", [1536, 2000, 512 * 12])
+def test_a_short_or_other_layer_is_an_error_not_a_smaller_image(cut):
+    data = engine_tar(type_bits=False, stub_mode=0o644)
+    expected = "sha256:" + hashlib.sha256(data).hexdigest()
+    with pytest.raises(BuildFailure, match=r"reads as sha256:[0-9a-f]{64}; not rewritten|is no readable tar"):
+        canonical.rewrite_layer(io.BytesIO(data[:cut]), io.BytesIO(), True, expected)
+
+
+@pytest.mark.parametrize(("step", "ran"), [
+    ("|2 BUILD_NETWORK=none SOURCE_DATE_EPOCH=1 /bin/sh -c python3 -m venv /opt/venv", True),
+    ('/usr/bin/python3.11 -m venv /opt/venv', True),
+    ("/bin/sh -c #(nop) COPY file:87c795a1e3e18049905e07b82affce1af157e2b015ba04257306df836f66869b in /a ", False),
+    ("/bin/sh -c #(nop) ENV A=1", False),
+])
+def test_run_steps_are_told_from_copy_and_metadata_steps(step, ran):
+    assert canonical.is_run_step(step) is ran
+
+
+def native_config(comment_ids: bool, copy_digest: str) -> dict:
+    base = [{"created": "2026-01-01T00:00:00Z", "created_by": "mmdebstrap", "comment": "kept: the base's own"}]
+    built = [
+        {"created": "2025-01-01T00:00:00Z", "created_by": "/bin/sh -c #(nop) ARG A", "empty_layer": True,
+         "comment": "FROM localhost/base"},
+        {"created": "2025-01-01T00:00:00Z", "created_by": "/bin/sh -c python3 -m venv /opt/venv"},
+        {"created": "2025-01-01T00:00:00Z", "created_by": f"/bin/sh -c #(nop) COPY file:{copy_digest} in /a "},
+    ]
+    if comment_ids:
+        built[1]["comment"], built[2]["comment"] = "FROM 600f1c4ca75f", "FROM 33cc673877e3"
+    return {"created": "2025-01-01T00:00:00Z", "architecture": "amd64", "os": "linux",
+            "config": {"Env": ["A=1"]}, "rootfs": {"type": "layers", "diff_ids": ["sha256:b", "sha256:n1", "sha256:n2"]},
+            "history": base + built}
+
+
+def test_the_config_is_the_same_for_both_versions_and_keeps_the_base_history():
+    old = canonical.canonical_config(native_config(True, "87" * 32), ["sha256:b", "sha256:c1", "sha256:c2"], 1)
+    new = canonical.canonical_config(native_config(False, "fc" * 32), ["sha256:b", "sha256:c1", "sha256:c2"], 1)
+    assert old == new
+    config = json.loads(old)
+    assert config["rootfs"] == {"type": "layers", "diff_ids": ["sha256:b", "sha256:c1", "sha256:c2"]}
+    assert config["history"][0]["comment"] == "kept: the base's own"
+    assert all("comment" not in h for h in config["history"][1:])
+    assert config["history"][3]["created_by"] == "/bin/sh -c #(nop) COPY file in /a "
+    assert config["history"][1]["empty_layer"] is True
+    assert old == json.dumps(config, sort_keys=True, separators=(",", ":")).encode()
+
+
+def test_different_steps_still_give_different_configs():
+    changed = native_config(False, "fc" * 32)
+    changed["history"][2]["created_by"] = "/bin/sh -c python3 -m venv /opt/other"
+    assert canonical.canonical_config(changed, ["sha256:b"], 1) != \
+        canonical.canonical_config(native_config(False, "fc" * 32), ["sha256:b"], 1)
+
+
+def test_the_index_remembers_layers_by_native_layer_and_stub_rule(tmp_path):
+    index = CanonicalIndex(tmp_path)
+    assert index.layer("sha256:n", True) is None and index.image("sha256:i") is None
+    index.record_layer("sha256:n", True, "sha256:c", 10)
+    index.record_image("sha256:i", "sha256:k")
+    assert index.layer("sha256:n", True) == ("sha256:c", 10)
+    assert index.layer("sha256:n", False) is None  # the other rule makes another layer
+    assert index.image("sha256:i") == "sha256:k"
