@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from builder.engine import host_network
 from builder.image import context, immutable, provenance, render, sbom, smoke_gate, tags, wheel_cache
 from builder.publish import lock
 from builder.engine import get_engine
@@ -40,26 +39,18 @@ class BuildOutcome:
     durations_s: dict
 
 
-def needs_network(stack: Stack) -> bool:
-    """Only a registry base's apt step reaches out; wheels come from the host's cache. A row with no
-    such step builds with no network at all, online or offline alike, so both give one image (the
-    engines write /etc/hosts and resolv.conf stubs into RUN layers only when a network is attached).
-    The rendered Dockerfile declares the same choice (ARG BUILD_NETWORK, Base.build_network)."""
-    return stack.base.build_network != "none"
-
-
 def build_request(stack: Stack, context_dir: Path, dockerfile: Path, candidate: str, no_cache: bool,
                   progress: Progress) -> BuildRequest:
-    network = host_network.host_network() if needs_network(stack) else host_network.HostNetwork()
+    """Every row builds with no network: wheels and .debs come from the host's cache through the context,
+    so online and offline builds give one image (the engines write /etc/hosts and resolv.conf stubs into
+    RUN layers only when a network is attached)."""
     return BuildRequest(
         context_dir=context_dir,
         dockerfile=dockerfile,
         tags=(candidate,),
         source_date_epoch=stack.source_date_epoch,
         build_args={"SOURCE_DATE_EPOCH": str(stack.source_date_epoch)},
-        add_hosts=network.add_hosts,
-        secrets=network.secrets,
-        network=None if needs_network(stack) else "none",
+        network="none",
         no_cache=no_cache,
         progress=progress.line,
     )
@@ -70,9 +61,6 @@ def fetch_wheels(stack: Stack, entry: dict, cache: wheel_cache.WheelCache, offli
     """Every locked wheel into the host's cache before the engine starts; --offline only checks."""
     wheels = wheel_cache.locked_wheels(entry)
     if offline:
-        if needs_network(stack):
-            raise UserError(f"{stack.name}: --offline cannot build on {stack.base.image}: its apt step needs the "
-                            f"network; build the --local-base row")
         cache.require(wheels, stack.name)
         return wheel_cache.FillReport(len(wheels), 0, 0)
     absent = len(cache.missing(wheels))
