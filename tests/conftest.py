@@ -21,7 +21,7 @@ from builder.engine.buildah import BuildahEngine
 from builder.image.local_base import BaseSpec, make_base
 from builder.config.matrix import load_matrix
 from engine_helpers import BASE_EPOCH, TEST_BASE_TAG
-from support import REPO, base_digest_of, registry_image, resolution_of, run_builder
+from support import REPO, base_digest_of, registry_image, resolution_of, run_builder, system_packages_of
 
 BUILT_STACK = "sglang-0.5.9-cu128-local"
 
@@ -117,7 +117,7 @@ def cu128_lock(tmp_path, monkeypatch):
     lock_path = tmp_path / "matrix.lock"
     monkeypatch.setenv("BUILDER_LOCK", str(lock_path))
     lock.lock_stacks([load_matrix(REPO / "matrix.toml").stack("sglang-0.5.9-cu128")], path=lock_path,
-                     resolver=resolution_of, base_resolver=base_digest_of)
+                     resolver=resolution_of, base_resolver=base_digest_of, apt_resolver=system_packages_of)
     return lock_path
 
 

@@ -16,7 +16,7 @@ from builder.config import reference_figures
 from builder.publish import lock
 from builder.errors import BuildFailure, UserError
 from builder.config.matrix import load_matrix
-from support import IMAGE, OTHER_IMAGE, base_digest_of, bench_report, dist, resolution_of
+from support import IMAGE, OTHER_IMAGE, base_digest_of, bench_report, dist, resolution_of, system_packages_of
 
 REPO = Path(__file__).resolve().parent.parent
 MATRIX = load_matrix(REPO / "matrix.toml")
@@ -29,7 +29,7 @@ def path(tmp_path):
 
 def locked(path, stack=CU128, *extra):
     lock.lock_stacks([stack], path=path, resolver=lambda s: resolution_of(s, *extra), base_resolver=base_digest_of,
-                     references=reference_figures.load(MATRIX.project.reference_figures, stacks=MATRIX.all_rows()))
+                     references=reference_figures.load(MATRIX.project.reference_figures, stacks=MATRIX.all_rows()), apt_resolver=system_packages_of)
 
 
 # --- atomic writes and concurrent writers ----------------------------------------------------
@@ -272,7 +272,7 @@ def test_a_registry_base_whose_tag_moved_starts_the_entry_over(path):
     locked(path)
     built(path)
     moved = "sha256:" + "e" * 64
-    lock.lock_stacks([CU128], path=path, resolver=resolution_of, base_resolver=lambda image: moved)
+    lock.lock_stacks([CU128], path=path, resolver=resolution_of, base_resolver=lambda image: moved, apt_resolver=system_packages_of)
     entry = lock.entry(CU128, path)
     assert (entry["status"], entry["image"], entry["base"]["digest"]) == ("resolved", None, moved)
 
@@ -280,10 +280,10 @@ def test_a_registry_base_whose_tag_moved_starts_the_entry_over(path):
 def test_relocking_a_local_row_keeps_the_digest_builder_base_recorded(path):
     local = MATRIX.stack("sglang-0.5.9-cu128-local")
     asked = []
-    lock.lock_stacks([local], path=path, resolver=resolution_of, base_resolver=asked.append)
+    lock.lock_stacks([local], path=path, resolver=resolution_of, base_resolver=asked.append, apt_resolver=system_packages_of)
     assert lock.entry(local, path)["base"]["digest"] == ""
     assert lock.record_base("debian-bookworm", "sha256:" + "e" * 64, path=path) == [local.name]
-    lock.lock_stacks([local], path=path, resolver=resolution_of, base_resolver=asked.append)
+    lock.lock_stacks([local], path=path, resolver=resolution_of, base_resolver=asked.append, apt_resolver=system_packages_of)
     assert lock.entry(local, path)["base"]["digest"] == "sha256:" + "e" * 64
     assert asked == []  # the local base is in no registry
 

@@ -18,15 +18,15 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from builder.image import context, immutable, provenance, render, sbom, smoke_gate, tags, wheel_cache
-from builder.publish import lock
+from builder.image import context, deb_cache, immutable, provenance, render, sbom, smoke_gate, tags, wheel_cache
+from builder.publish import debian_archive, lock
 from builder.engine import get_engine
 from builder.engine.protocol import BuildRequest, BuildResult, Engine
 from builder.errors import BuildFailure, UserError
 from builder.files import write_atomic
 from builder.engine.progress import Progress
 from builder.config.stack import Stack
-from builder.paths import WHEELS_CONTEXT_DIR, Project
+from builder.paths import DEBS_CONTEXT_DIR, WHEELS_CONTEXT_DIR, Project
 
 @dataclass(frozen=True)
 class BuildOutcome:
@@ -69,12 +69,37 @@ def fetch_wheels(stack: Stack, entry: dict, cache: wheel_cache.WheelCache, offli
     return cache.fill(wheels, entry["python"], stack.name)
 
 
+def added_debs(entry: dict) -> debian_archive.SystemPackages | None:
+    """The .debs the row's own system packages step installs (None on the local base, which carries its own)."""
+    locked = debian_archive.from_entry(entry)
+    return locked if locked is not None and locked.scope == "added" else None
+
+
+def fetch_debs(stack: Stack, entry: dict, debs: deb_cache.DebCache, offline: bool,
+               progress: Progress) -> deb_cache.DebFillReport:
+    """Every .deb the row's system packages step installs into the host's cache; --offline only checks."""
+    locked = added_debs(entry)
+    if locked is None:
+        return deb_cache.DebFillReport(0, 0, 0, 0)
+    if offline:
+        debs.require(locked, stack.name)
+        return deb_cache.DebFillReport(len(locked.packages), 0, 0, 0)
+    absent = len(debs.missing(locked))
+    if absent:
+        progress.stage(f"{stack.name}: fetching {absent} of {len(locked.packages)} locked .debs into {debs.root}")
+    return debs.fill(locked, stack.name)
+
+
 def stage_context(inputs: context.BuildInputs, root: Path, entry: dict, cache: wheel_cache.WheelCache,
-                  context_dir: Path) -> Path:
-    """The engine's context: exactly the hashed files, and the entry's wheels for the install steps'
-    read-only mount (their hashes are in the hashed requirements). Returns the Dockerfile."""
+                  context_dir: Path, debs: deb_cache.DebCache | None = None) -> Path:
+    """The engine's context: exactly the hashed files, the entry's wheels for the install steps' read-only
+    mount (their hashes are in the hashed requirements) and, for a row that adds system packages, its
+    locked .debs (their hashes are in debs.txt). Returns the Dockerfile."""
     dockerfile = context.assemble(inputs, root, context_dir)
     cache.link_into(wheel_cache.locked_wheels(entry), context_dir / WHEELS_CONTEXT_DIR)
+    locked = added_debs(entry)
+    if locked is not None:
+        (debs or deb_cache.DebCache()).link_into(locked, context_dir / DEBS_CONTEXT_DIR)
     return dockerfile
 
 
@@ -176,6 +201,7 @@ def build_stack(stack: Stack, engine: Engine, progress: Progress, project: Proje
     report_path = project.reports / f"{stack.name}.json"
     started_on, started = datetime.now(timezone.utc), time.monotonic()
     fetched = fetch_wheels(stack, entry, cache, offline, progress)
+    fetched_debs = fetch_debs(stack, entry, deb_cache.DebCache(), offline, progress)
     durations = {"fetch_wheels": round(time.monotonic() - started, 1)}
     progress.stage(f"{stack.name}: building {immutable_tag}")
     result = _build_in_context(engine, stack, inputs, root, entry, cache, candidate, no_cache, progress)
@@ -200,6 +226,7 @@ def build_stack(stack: Stack, engine: Engine, progress: Progress, project: Proje
         started=started_on, finished=datetime.now(timezone.utc), durations_s=durations,
         external={"engine": engine.name, "no_cache": no_cache, "local_base": stack.base.local, "offline": offline,
                   "wheels_downloaded": fetched.downloaded, "wheel_bytes_downloaded": fetched.downloaded_bytes,
+                  "debs_downloaded": fetched_debs.downloaded, "deb_bytes_downloaded": fetched_debs.downloaded_bytes,
                   "delivered_bytes": result.delivered_bytes},
     )
     provenance_path = provenance.write(report_path, statement)

@@ -21,9 +21,9 @@ from builder.config.matrix import LOCAL_SUFFIX
 from builder.config.stack import GROUP_ORDER, Stack
 from builder.errors import UserError
 from builder.files import write_atomic
-from builder.image import compose, patch_series
-from builder.paths import TOOLS_DIR, VENV, WHEELS_CONTEXT_DIR, WHEELS_MOUNT, Project
-from builder.publish import lock
+from builder.image import compose, deb_install, patch_series
+from builder.paths import DEBS_CONTEXT_DIR, DEBS_MOUNT, TOOLS_DIR, VENV, WHEELS_CONTEXT_DIR, WHEELS_MOUNT, Project
+from builder.publish import debian_archive, lock
 
 IMAGES = "images"
 LABEL_PREFIX = "dev.sglang-builder"
@@ -191,6 +191,8 @@ def render_stack(stack: Stack, project: Project, requirements: RequirementsSourc
         context=context,
         venv=VENV,
         wheels={"context": WHEELS_CONTEXT_DIR, "mount": WHEELS_MOUNT},
+        debs={"context": DEBS_CONTEXT_DIR, "mount": DEBS_MOUNT, "file": deb_install.DEBS_FILE},
+        tools=TOOLS_DIR,
         site_packages=site_packages(stack),
         groups=[{"name": g, "file": GROUP_FILES[g], "title": GROUP_TITLES[g]} for g in GROUP_ORDER],
         patches=patches,
@@ -204,6 +206,10 @@ def render_stack(stack: Stack, project: Project, requirements: RequirementsSourc
                  compose.template_values(stack, lock_entry(stack)))}
     for group in GROUP_ORDER:
         files[f"{context}/requirements/{GROUP_FILES[group]}"] = texts[group]
+    if stack.base.system_packages:
+        locked = debian_archive.from_entry(lock_entry(stack))
+        files[f"{context}/{deb_install.DEBS_FILE}"] = (deb_install.listing(locked) if locked
+                                                       else deb_install.unlocked_listing(stack))
     return files
 
 
@@ -259,6 +265,10 @@ def require_locked(stack: Stack, root: Path) -> None:
             raise UserError(f"{stack.name}: not rendered; run `builder render --stack {stack.name}`")
         if not is_locked(path.read_text(encoding="utf-8")):
             raise UserError(f"{stack.name}: not locked; run `builder lock --stack {stack.name}` then `builder render`")
+    debs = root / stack_dir(stack) / deb_install.DEBS_FILE
+    if stack.base.system_packages and (not debs.is_file() or not deb_install.is_locked(debs.read_text(encoding="utf-8"))):
+        raise UserError(f"{stack.name}: its system packages are not locked; run `builder lock --stack {stack.name}` "
+                        f"then `builder render`")
 
 
 def lock_requirements(lock_path: Path) -> RequirementsSource:

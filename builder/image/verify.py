@@ -16,7 +16,7 @@ import tarfile
 from pathlib import Path
 
 from builder.engine import host_network
-from builder.image import build, context, layer_diff, render, tags, wheel_cache
+from builder.image import build, context, deb_cache, layer_diff, render, tags, wheel_cache
 from builder.publish import lock
 from builder.engine import get_engine
 from builder.engine.protocol import BuildRequest, ImageInfo, Layer
@@ -69,6 +69,7 @@ def verify_stack(stack: Stack, project: Project) -> layer_diff.Comparison:
     progress.stage(f"{stack.name}: two builds from empty storage")
     cache = wheel_cache.WheelCache()
     build.fetch_wheels(stack, entry, cache, offline=False, progress=progress)  # once, for both builds
+    build.fetch_debs(stack, entry, deb_cache.DebCache(), offline=False, progress=progress)
     workdir = _scratch(root, stack.name)
     dockerfile = build.stage_context(inputs, root, entry, cache, workdir / "context")
     request = build.build_request(stack, workdir / "context", dockerfile, tags.candidate_tag(stack, inputs.hash),
@@ -159,6 +160,7 @@ def verify_against_lock(matrix: Matrix, name: str, local_base: bool) -> layer_di
         progress.stage(f"{stack.name}: one build of HEAD from empty storage, against {image['id']}")
         cache = wheel_cache.WheelCache()
         build.fetch_wheels(stack, entry, cache, offline=False, progress=progress)
+        build.fetch_debs(stack, entry, deb_cache.DebCache(), offline=False, progress=progress)
         dockerfile = build.stage_context(inputs, export, entry, cache, workdir / "context")
         request = build.build_request(stack, workdir / "context", dockerfile, tags.candidate_tag(stack, inputs.hash),
                                       True, progress)

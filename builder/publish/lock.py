@@ -28,6 +28,7 @@ from typing import Callable, Iterator
 from builder.errors import BuildFailure, UserError
 from builder.files import TEMP_SUFFIX, write_atomic
 from builder.publish import base_digest as registry_base
+from builder.publish import debian_archive
 from builder.publish.resolve import Resolution, resolve
 from builder.config.stack import GROUP_ORDER, Stack
 
@@ -152,6 +153,7 @@ def lock_stacks(
     resolver: Callable[[Stack], Resolution] = resolve,
     references: dict[str, list[dict]] | None = None,
     base_resolver: Callable[[str], str] = registry_base.resolve,
+    apt_resolver: Callable[..., debian_archive.SystemPackages] = debian_archive.resolve,
 ) -> list[str]:
     """Resolve every stack and its registry base's digest, then record them all in one write: one
     unreachable index or registry and nothing is written. An image built from the same distributions
@@ -159,6 +161,7 @@ def lock_stacks(
     per stack for the user."""
     resolutions = [(stack, resolver(stack)) for stack in stacks]
     digests = _registry_base_digests(stacks, base_resolver)
+    system = _system_packages(stacks, apt_resolver)
     lines: list[str] = []
 
     def change(data: dict) -> None:
@@ -179,6 +182,7 @@ def lock_stacks(
                          "digest": digests.get(stack.base.image, ""), "local": stack.base.local},
                 "source_date_epoch": stack.source_date_epoch,
                 "distributions": distributions,
+                "system_packages": system[stack.name].to_dict() if stack.name in system else None,
                 "resolution_hash": hashlib.sha256(json.dumps(distributions, sort_keys=True).encode()).hexdigest(),
                 "status": "resolved",
                 "image": None,
@@ -186,10 +190,13 @@ def lock_stacks(
                 "push": None,
                 "bench": {"reference": (references or {}).get(stack.name, []), "measured": []},
             }
-            if stack.base.local and previous and _same_base(previous["base"], fresh["base"]):
+            same_debs = bool(previous) and previous.get("system_packages") == fresh["system_packages"]
+            if stack.base.local and previous and _same_base(previous["base"], fresh["base"]) and same_debs:
                 fresh["base"]["digest"] = previous["base"]["digest"]  # what `builder base` made and recorded
+            if previous and not same_debs and fresh["system_packages"]:
+                lines.extend(_moved_lines(stack, previous, system[stack.name]))
             unchanged = bool(previous) and previous.get("resolution_hash") == fresh["resolution_hash"] \
-                and previous.get("base") == fresh["base"]
+                and previous.get("base") == fresh["base"] and same_debs
             if unchanged:
                 for key in ("status", "image", "smoke", "push"):
                     fresh[key] = previous.get(key)
@@ -215,6 +222,28 @@ def _registry_base_digests(stacks, base_resolver: Callable[[str], str]) -> dict[
             except UserError as error:
                 raise UserError(f"{stack.name}: {error}; nothing was locked") from None
     return digests
+
+
+def _system_packages(stacks, apt_resolver) -> dict[str, debian_archive.SystemPackages]:
+    """{row: its locked .debs} for every row whose base names system packages, each archive state read once."""
+    by_spec: dict = {}
+    for stack in stacks:
+        if stack.base.apt is not None and stack.base.apt not in by_spec:
+            try:
+                by_spec[stack.base.apt] = apt_resolver(stack.base.apt)
+            except UserError as error:
+                raise UserError(f"{stack.name}: {error}; nothing was locked") from None
+    return {stack.name: by_spec[stack.base.apt] for stack in stacks if stack.base.apt is not None}
+
+
+def _moved_lines(stack: Stack, previous: dict, new: debian_archive.SystemPackages) -> list[str]:
+    """Each system package whose version moved since the last lock (one line when there was none)."""
+    old = debian_archive.from_entry(previous)
+    if old is None:
+        return [f"{stack.name}: {len(new.packages)} system packages locked from "
+                f"{', '.join(archive.line for archive in new.archives)}"]
+    changes = debian_archive.version_changes(old, new)
+    return [f"{stack.name}: system package {change}" for change in changes]
 
 
 def _same_base(one: dict, other: dict) -> bool:

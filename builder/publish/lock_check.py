@@ -13,8 +13,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from builder.image import context
-from builder.publish import lock
+from builder.image import context, deb_install
+from builder.image.render import stack_dir
+from builder.publish import debian_archive, lock
 from builder.errors import UserError
 from builder.config.stack import Stack
 
@@ -33,6 +34,9 @@ def _changed_files(root: Path, image: dict, inputs: context.BuildInputs) -> list
 
 
 def _why(stack: Stack, root: Path, image: dict, inputs: context.BuildInputs) -> str:
+    if stack.base.local and image.get("base_digest") and not inputs.base_digest:
+        return (f"the local base's locked packages moved since {image['base_digest']} was made; "
+                f"`builder base` makes and records the new one")
     if image.get("base_digest") != inputs.base_digest:
         return f"base digest {image.get('base_digest') or 'unpinned'} -> {inputs.base_digest or 'unpinned'}"
     if image.get("source_date_epoch") != inputs.source_date_epoch:
@@ -42,6 +46,22 @@ def _why(stack: Stack, root: Path, image: dict, inputs: context.BuildInputs) -> 
         more = f" and {len(changed) - _FILES_NAMED} more" if len(changed) > _FILES_NAMED else ""
         return f"changed: {', '.join(changed[:_FILES_NAMED])}{more}"
     return "the Dockerfile or the copied files changed"
+
+
+def _stale_debs(stack: Stack, root: Path, entry: dict) -> str | None:
+    """A row whose system packages the lock does not hold as the matrix asks, or whose rendered list of
+    .debs is not the lock's; None when they agree. (A local base made from other packages shows as a
+    moved base digest: `builder lock` clears the digest when the base's packages move.)"""
+    if stack.base.apt is None:
+        return None
+    locked = debian_archive.from_entry(entry)
+    if tuple(sorted(locked.requested)) != stack.base.apt.packages:
+        return "its system packages are not locked as matrix.toml names them"
+    if not stack.base.system_packages:
+        return None
+    path = root / stack_dir(stack) / deb_install.DEBS_FILE
+    rendered = path.read_text(encoding="utf-8") if path.is_file() else ""
+    return deb_install.stale(rendered, locked)
 
 
 def stale_rows(stacks: tuple[Stack, ...], root: Path, path: Path) -> tuple[list[str], list[str]]:
@@ -56,6 +76,14 @@ def stale_rows(stacks: tuple[Stack, ...], root: Path, path: Path) -> tuple[list[
         if entry.get("pins_hash") != lock.pins_hash(stack):
             problems.append(f"{stack.name}: resolved from other pins than matrix.toml has now; "
                             f"run `builder lock --stack {stack.name}`")
+            continue
+        if stack.base.apt is not None and debian_archive.from_entry(entry) is None:
+            notes.append(f"{stack.name}: wheels locked, system packages not locked (its archive was unreachable "
+                         f"where it was locked); `builder build` refuses it")
+            continue
+        debs = _stale_debs(stack, root, entry)
+        if debs:
+            problems.append(f"{stack.name}: {debs}; run `builder lock --stack {stack.name}` then `builder render`")
             continue
         image = entry.get("image")
         if not image:

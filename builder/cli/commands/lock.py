@@ -1,10 +1,16 @@
 """`builder lock`: resolve stack pins to hashed distributions in matrix.lock; `--check` says whether the
 lock still describes what the tree builds."""
 
+import os
 import sys
+from pathlib import Path
 
 from builder.cli import arguments
+from builder.cli.commands import base
 from builder.config import reference_figures
+from builder.engine import get_engine
+from builder.image.local_base import BaseSpec
+from builder.paths import local_base_tag
 from builder.publish import lock, lock_check
 
 
@@ -15,6 +21,9 @@ def register(subparsers) -> None:
     parser.add_argument("--check", action="store_true",
                         help="resolve nothing; exit 1 naming each row whose recorded image or resolution "
                              "no longer matches the tree's inputs")
+    parser.add_argument("--no-base", action="store_true",
+                        help="when the local base's packages moved, do not make it again (`builder base` does, "
+                             "and records its digest)")
     parser.set_defaults(func=run)
 
 
@@ -25,9 +34,32 @@ def run(args) -> int:
     if args.check:
         return check(stacks, matrix)
     figures = reference_figures.load(matrix.project.reference_figures, stacks=matrix.all_rows())
+    before = _local_base_digest(stacks, matrix.project.lock)
     for line in lock.lock_stacks(stacks, path=matrix.project.lock, references=figures):
         print(line)
+    if before is not None and _local_base_digest(stacks, matrix.project.lock) == "":
+        _remake_base(matrix, before, args.no_base)
     return 0
+
+
+def _local_base_digest(stacks, path) -> str | None:
+    """The digest the lock records for the local base (None: no selected row is on it)."""
+    for stack in stacks:
+        if stack.base.local:
+            return lock.base_digest(stack, lock.entry(stack, path))
+    return None
+
+
+def _remake_base(matrix, before: str, skip: bool) -> None:
+    """The base's packages moved (or were never made): its new digest, made from the new lock."""
+    name = matrix.local_base["name"]
+    if skip or os.geteuid() != 0:
+        print(f"{name} base: its packages moved; run `builder base` to make it and record its digest")
+        return
+    spec = BaseSpec(source_date_epoch=matrix.source_date_epoch, suite=matrix.local_base["suite"],
+                    packages=tuple(matrix.local_base["packages"]), tag=local_base_tag(name))
+    digest = base.make_and_record(spec, matrix, Path("build/base"), get_engine("buildah"))
+    print(f"{name} base: {before or 'none'} -> {digest}")
 
 
 def check(stacks, matrix) -> int:
