@@ -249,7 +249,8 @@ def verified_release(signed: bytes, keyring: Path, where: str) -> str:
 
 
 def parse_stanzas(text: str) -> list[dict[str, str]]:
-    """deb822 stanzas (Packages, Release): continuation lines are kept, joined by newlines."""
+    """deb822 stanzas (Packages, Release): continuation lines are kept as they are (with their leading
+    space), so a stanza written back is the same stanza."""
     stanzas, current, key = [], {}, None
     for line in text.splitlines():
         if not line.strip():
@@ -257,7 +258,7 @@ def parse_stanzas(text: str) -> list[dict[str, str]]:
                 stanzas.append(current)
             current, key = {}, None
         elif line[0] in " \t" and key is not None:
-            current[key] += "\n" + line.strip()
+            current[key] += "\n" + line.rstrip()
         elif ":" in line:
             key, _, value = line.partition(":")
             current[key] = value.strip()
@@ -361,11 +362,20 @@ class _AptRoot:
     def run(self, *arguments: str) -> str:
         env = {"APT_CONFIG": str(self.config), "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C"}
         result = subprocess.run(["apt-get", "-q", *arguments], capture_output=True, text=True, env=env, check=False)
+        if arguments == ("update",) and result.returncode == 0:
+            return result.stdout + result.stderr
         if result.returncode != 0:
             said = [line for line in (result.stderr + result.stdout).splitlines() if line.startswith("E:")]
             raise UserError(f"apt could not resolve {' '.join(arguments[-3:])}: "
                             f"{(said or [f'exit status {result.returncode}'])[0]}")
         return result.stdout
+
+    def update(self) -> None:
+        """Read the copied indexes; apt only warns about one it could not use, which is an error here."""
+        output = self.run("update")
+        problems = [line for line in output.splitlines() if line.startswith(("W:", "E:", "Err:"))]
+        if problems:
+            raise UserError(f"apt could not read the verified index: {problems[0]}")
 
     def to_download(self, *arguments: str) -> list[tuple[int, dict[str, str]]]:
         """(index number, stanza) of each file apt would fetch for these arguments."""
@@ -399,7 +409,7 @@ def resolve(spec: AptSpec) -> SystemPackages:
     indexes = [read_source(AptSource.parse(line), facts.keyring, spec.architecture) for line in lines]
     with tempfile.TemporaryDirectory(prefix="builder-apt-") as scratch:
         apt = _AptRoot(Path(scratch), indexes, facts.keyring, spec.architecture)
-        apt.run("update")
+        apt.update()
         if spec.scope == "root":  # as mmdebstrap's merged-usr setup hook leaves the status
             apt.set_status([_DUMMY_MERGED_USR])
         base = apt.to_download("dist-upgrade")  # Essential:yes and apt, as mmdebstrap --variant=apt

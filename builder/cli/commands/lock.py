@@ -3,7 +3,6 @@ lock still describes what the tree builds."""
 
 import os
 import sys
-from pathlib import Path
 
 from builder.cli import arguments
 from builder.cli.commands import base
@@ -54,11 +53,11 @@ def _remake_base(matrix, before: str, skip: bool) -> None:
     """The base's packages moved (or were never made): its new digest, made from the new lock."""
     name = matrix.local_base["name"]
     if skip or os.geteuid() != 0:
-        print(f"{name} base: its packages moved; run `builder base` to make it and record its digest")
+        print(f"{name} base: no digest for its locked packages; run `builder base` to make it and record it")
         return
     spec = BaseSpec(source_date_epoch=matrix.source_date_epoch, suite=matrix.local_base["suite"],
                     packages=tuple(matrix.local_base["packages"]), tag=local_base_tag(name))
-    digest = base.make_and_record(spec, matrix, Path("build/base"), get_engine("buildah"))
+    digest = base.make_and_record(spec, matrix, matrix.project.root / "build" / "base", get_engine("buildah"))
     print(f"{name} base: {before or 'none'} -> {digest}")
 
 
