@@ -42,7 +42,7 @@ def debs():
 
 def _project(directory: Path, server: LoopbackServer, mirror: DebianMirror, keyring: Path):
     """The real matrix (its cu130 row on loopback stand-in wheels) with the local base read from `mirror`."""
-    project = cu130_project(directory, server, "127.0.0.1:9")
+    project = cu130_project(directory, server, "127.0.0.1:9", (mirror.source_line, keyring))
     text = project.matrix.read_text()
     old = 'name = "debian-bookworm"\n'
     assert text.count(old) == 1
@@ -56,7 +56,9 @@ def _env(project, directory: Path, cache: str) -> dict:
     storage = directory / "storage"
     conf = directory / "storage.conf"
     conf.write_text(f'[storage]\ndriver = "overlay"\ngraphroot = "{storage}/root"\nrunroot = "{storage}/run"\n')
-    return {**cu130_env(project), "BUILDER_CACHE": str(directory / cache), "CONTAINERS_STORAGE_CONF": str(conf)}
+    env = cu130_env(project)
+    (Path(env["DOCKER_CONFIG"]) / "config.json").write_text("{}\n")  # buildah reads it when loading the base
+    return {**env, "BUILDER_CACHE": str(directory / cache), "CONTAINERS_STORAGE_CONF": str(conf)}
 
 
 def _entry(project) -> dict:
