@@ -93,6 +93,12 @@ def system_packages_of(spec):
     return SystemPackages(spec.distribution, spec.architecture, spec.scope, spec.packages, (archive,), packages)
 
 
+def locked_base_packages():
+    """The local base's .debs as the committed matrix.lock records them (every local row shares them)."""
+    from builder.publish import debian_archive, lock
+    return debian_archive.from_entry(lock.entry("sglang-0.5.9-cu128-local", REPO / "matrix.lock"))
+
+
 def bench_report(mode="eagle3", tok_s=55.0, verdict="pass", stack="sglang-0.5.9-cu128"):
     """Shaped as builder/runtime/bench.py writes it (schema 1)."""
     return {"schema": 1, "stack": stack, "mode": mode, "model": "/models/test", "gpus": ["NVIDIA RTX PRO 6000 Blackwell"] * 8,

@@ -1,4 +1,4 @@
-"""What `builder build` decides before and after the engine runs: the network a row gets, when the
+"""What `builder build` decides before and after the engine runs: the network a row gets (none), when the
 lock's smoke pass stands for an image, and the one-line refusals of --offline."""
 
 from __future__ import annotations
@@ -11,8 +11,10 @@ import pytest
 from builder.config.matrix import load_matrix
 from builder.engine.progress import Progress
 from builder.errors import UserError
+from builder.config.stack import AptSpec
 from builder.image import build, wheel_cache
-from support import REPO, run_builder
+from builder.image.deb_cache import DebCache
+from support import REPO, run_builder, system_packages_of
 
 MATRIX = load_matrix(REPO / "matrix.toml")
 LOCAL = MATRIX.select(["sglang-0.5.9-cu128"], local_base=True)[0]
@@ -20,15 +22,11 @@ REGISTRY_ROW = MATRIX.stack("sglang-0.5.9-cu128")
 IMAGE_ID = "sha256:" + "c" * 64
 
 
-def test_a_local_row_builds_with_no_network_and_no_host_entries(tmp_path):
-    request = build.build_request(LOCAL, tmp_path, tmp_path / "Dockerfile", "candidate", False, Progress.for_environment())
+@pytest.mark.parametrize("row", [LOCAL, REGISTRY_ROW], ids=["local", "registry"])
+def test_every_row_builds_with_no_network_and_no_host_entries(tmp_path, row):
+    """A registry row's system packages come from the lock's .debs too: no step needs a network."""
+    request = build.build_request(row, tmp_path, tmp_path / "Dockerfile", "candidate", False, Progress.for_environment())
     assert request.network == "none" and request.add_hosts == () and dict(request.secrets) == {}
-
-
-def test_a_registry_row_keeps_the_network_its_apt_step_needs(tmp_path):
-    request = build.build_request(REGISTRY_ROW, tmp_path, tmp_path / "Dockerfile", "candidate", False,
-                                  Progress.for_environment())
-    assert request.network is None
 
 
 @pytest.mark.parametrize("smoke, expected", [
@@ -42,12 +40,14 @@ def test_the_lock_smoke_pass_stands_only_for_the_same_image(smoke, expected):
     assert build.recorded_smoke({"smoke": smoke}, IMAGE_ID) == expected
 
 
-def test_offline_refuses_a_row_whose_apt_step_needs_the_network(tmp_path):
-    entry = json.loads((REPO / "matrix.lock").read_text())["stacks"]["sglang-0.5.9-cu128"]
+def test_offline_with_an_empty_deb_cache_is_one_line_naming_what_is_missing(tmp_path):
+    entry = {"system_packages": system_packages_of(AptSpec("ubuntu", "noble", ("patch", "python3.12"), "added"))
+             .to_dict()}
     with pytest.raises(UserError) as failure:
-        build.fetch_wheels(REGISTRY_ROW, entry, wheel_cache.WheelCache(tmp_path), True, Progress.for_environment())
-    assert str(failure.value) == ("sglang-0.5.9-cu128: --offline cannot build on nvidia/cuda:12.8.1-cudnn-devel-ubuntu24.04: "
-                                  "its apt step needs the network; build the --local-base row")
+        build.fetch_debs(REGISTRY_ROW, entry, DebCache(tmp_path), True, Progress.for_environment())
+    assert str(failure.value) == (f"sglang-0.5.9-cu128: offline, and the .deb cache {tmp_path} lacks 2 of 2 locked "
+                                  f"packages (patch=1.0, python3.12=1.0): run `builder fetch` where the archive is "
+                                  f"reachable and bring the cache")
 
 
 @pytest.mark.engine

@@ -193,8 +193,8 @@ def lock_stacks(
             same_debs = bool(previous) and previous.get("system_packages") == fresh["system_packages"]
             if stack.base.local and previous and _same_base(previous["base"], fresh["base"]) and same_debs:
                 fresh["base"]["digest"] = previous["base"]["digest"]  # what `builder base` made and recorded
-            if previous and not same_debs and fresh["system_packages"]:
-                lines.extend(_moved_lines(stack, previous, system[stack.name]))
+            if not same_debs and fresh["system_packages"]:
+                lines.extend(_moved_lines(stack, previous or {}, system[stack.name]))
             unchanged = bool(previous) and previous.get("resolution_hash") == fresh["resolution_hash"] \
                 and previous.get("base") == fresh["base"] and same_debs
             if unchanged:
