@@ -103,6 +103,7 @@ class DebianMirror:
 
 def rebuilt(deb: Path, version: str, directory: Path) -> Path:
     """The package of `deb` with another version (its files unchanged but for a marker), as a new upload."""
+    directory.mkdir(parents=True, exist_ok=True)
     tree = directory / f"{deb.stem}-tree"
     subprocess.run(["dpkg-deb", "--raw-extract", str(deb), str(tree)], check=True)
     control_file = tree / "DEBIAN" / "control"

@@ -3,7 +3,6 @@ lock's smoke pass stands for an image, and the one-line refusals of --offline.""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -12,7 +11,7 @@ from builder.config.matrix import load_matrix
 from builder.engine.progress import Progress
 from builder.errors import UserError
 from builder.config.stack import AptSpec
-from builder.image import build, wheel_cache
+from builder.image import build
 from builder.image.deb_cache import DebCache
 from support import REPO, run_builder, system_packages_of
 

@@ -27,6 +27,7 @@ import hashlib
 import lzma
 import os
 import shutil
+import ssl
 import subprocess
 import tempfile
 import tomllib
@@ -222,7 +223,6 @@ def _get(url: str) -> bytes:
     context = None
     bundle = host_network.ca_bundle()
     if url.startswith("https:") and bundle is not None:
-        import ssl
         context = ssl.create_default_context(cafile=str(bundle))
     try:
         with urllib.request.urlopen(url, timeout=_TIMEOUT_S, context=context) as response:
@@ -413,9 +413,10 @@ def resolve(spec: AptSpec) -> SystemPackages:
         if spec.scope == "root":  # as mmdebstrap's merged-usr setup hook leaves the status
             apt.set_status([_DUMMY_MERGED_USR])
         base = apt.to_download("dist-upgrade")  # Essential:yes and apt, as mmdebstrap --variant=apt
-        if spec.scope == "added":
-            base += apt.to_download("install", _base_pattern(spec.architecture))
         apt.set_status([stanza for _, stanza in base])
+        if spec.scope == "added":  # and what a base image holds besides
+            base += apt.to_download("install", _base_pattern(spec.architecture))
+            apt.set_status([stanza for _, stanza in base])
         wanted = list(spec.packages) + ([MERGED_USR_PACKAGE] if spec.scope == "root" else [])
         added = apt.to_download("install", *wanted) if wanted else []
     chosen = (base + added) if spec.scope == "root" else added

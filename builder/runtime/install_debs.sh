@@ -13,6 +13,6 @@ while read -r _sha256 name; do
     set -- "$@" "$debs/$name"
 done < "$list"
 DEBIAN_FRONTEND=noninteractive dpkg --install --log=/dev/null "$@"
-# What dpkg leaves that differs from run to run (inode numbers, backups): not part of the image.
-rm -f /var/cache/ldconfig/aux-cache /var/lib/dpkg/status-old /var/lib/dpkg/available-old \
+# What dpkg leaves that differs from run to run (inode numbers, dated logs, backups): not in the image.
+rm -f /var/cache/ldconfig/aux-cache /var/log/alternatives.log /var/lib/dpkg/status-old /var/lib/dpkg/available-old \
     /var/cache/debconf/config.dat-old /var/cache/debconf/templates.dat-old
