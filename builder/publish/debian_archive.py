@@ -203,7 +203,7 @@ def default_sources(suite: str) -> tuple[str, ...]:
     if shutil.which("mmdebstrap") is None:
         raise UserError("mmdebstrap not found (it names the default mirror): run scripts/setup-host, or name "
                         "the archive's `sources` in matrix.toml")
-    mode = "root" if os.geteuid() == 0 else "unshare"
+    mode = "root" if os.geteuid() == 0 else "chrootless"  # chrootless needs no user namespace
     with tempfile.TemporaryDirectory(prefix="builder-sources-") as scratch:
         command = ["mmdebstrap", f"--mode={mode}", "--variant=custom", "--skip=update,download/empty,cleanup",
                    "--format=null", f"--setup-hook=copy-out /etc/apt/sources.list {scratch}", suite, "/dev/null"]
