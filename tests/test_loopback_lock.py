@@ -217,7 +217,8 @@ def test_the_row_builds_on_the_local_base_from_the_fetched_wheels_with_no_networ
     if not (project.root / "builder").exists():
         (project.root / "builder").symlink_to(REPO / "builder")  # the in-image tools the Dockerfile copies
     env = {**locked["env"], "BUILDER_CACHE": str(tmp_path / "cache")}
-    for command in (["lock"], ["render"], ["fetch"]):
+    # --no-base: the test takes the base digest the committed lock records (below), not a new base.
+    for command in (["lock", "--no-base"], ["render"], ["fetch"]):
         done = run_builder(*command, "--matrix", str(matrix), "--stack", project.stack, "--local-base", env=env)
         assert done.returncode == 0, (command, done.stderr)
     lock_path = project.root / "matrix.lock"
