@@ -86,7 +86,7 @@ def base_digest_of(image: str) -> str:
 def system_packages_of(spec):
     """Locked system packages of exactly the requested names (no closure), as `builder lock` records them
     without an archive; each file's hash is made up from its name."""
-    from builder.publish.debian_archive import DebArchive, DebPackage, SystemPackages
+    from builder.publish.system_packages import DebArchive, DebPackage, SystemPackages
     archive = DebArchive("http://127.0.0.1:9/debian", spec.suite, ("main",), "Thu, 01 Jan 2026 00:00:00 UTC", "")
     packages = tuple(DebPackage(name, "1.0", spec.architecture, f"pool/main/{name}_1.0_{spec.architecture}.deb",
                                 100, hashlib.sha256(name.encode()).hexdigest(), 0) for name in sorted(spec.packages))
@@ -95,8 +95,9 @@ def system_packages_of(spec):
 
 def locked_base_packages():
     """The local base's .debs as the committed matrix.lock records them (every local row shares them)."""
-    from builder.publish import debian_archive, lock
-    return debian_archive.from_entry(lock.entry("sglang-0.5.9-cu128-local", REPO / "matrix.lock"))
+    from builder.publish import lock
+    from builder.publish import system_packages as locked_debs
+    return locked_debs.from_entry(lock.entry("sglang-0.5.9-cu128-local", REPO / "matrix.lock"))
 
 
 def bench_report(mode="eagle3", tok_s=55.0, verdict="pass", stack="sglang-0.5.9-cu128"):

@@ -20,7 +20,8 @@ from builder.config.matrix import load_matrix
 from builder.engine.buildah import BuildahEngine
 from builder.engine.progress import Progress
 from builder.image import build, context, deb_cache, dpkg, wheel_cache
-from builder.publish import base_digest, debian_archive, lock
+from builder.publish import base_digest, lock
+from builder.publish import system_packages as locked_debs
 from builder.publish.registry_http import Retry
 from builder.errors import UserError
 from loopback_debian import DebianMirror, Signer, real_debs
@@ -271,7 +272,7 @@ def _fresh_build(locked, pushed_base, stack, entry, inputs, debs, wheels, storag
         with engine.mounted(request.tags[0]) as root:
             status = (root / "var/lib/dpkg/status").read_text()
             installed = {p["Package"]: p["Version"] for p in dpkg.installed(status)}
-        for package in debian_archive.from_entry(entry).packages:
+        for package in locked_debs.from_entry(entry).packages:
             assert installed.get(package.name) == package.version, package.name
         return result.image_id
     finally:
@@ -296,7 +297,7 @@ def test_the_registry_row_installs_its_locked_debs_and_builds_twice_to_one_id_wi
     lock_path = project.root / "matrix.lock"
     stack = load_matrix(matrix).stack(project.stack)
     entry = lock.check_current(stack, lock_path)
-    locked_debs = debian_archive.from_entry(entry)
+    locked_debs = locked_debs.from_entry(entry)
     assert sorted(p.name for p in locked_debs.packages) == ["jq", "libjq1", "libonig5"]  # the base has the rest
     assert locked_debs.archives[0].uri == locked["mirror"].uri
     assert (project.root / "images" / project.stack / "debs.txt").read_text() == "".join(

@@ -20,6 +20,7 @@ from builder.errors import BuildFailure, UserError
 from builder.image.deb_cache import DebCache
 from builder.image.local_base import DEFAULT_PACKAGES
 from builder.publish import debian_archive
+from builder.publish import system_packages as locked_debs
 from loopback_debian import DebianMirror, Signer, control, real_debs, rebuilt
 from loopback_index import LoopbackServer, cu130_env, cu130_project
 from support import REPO, run_builder
@@ -78,9 +79,9 @@ def test_a_moved_archive_still_gives_the_locked_base_and_relocking_says_what_mov
         first = run_builder(*lock_args, env=_env(project, tmp_path, "cache-1"))
         assert first.returncode == 0, first.stderr
         entry = _entry(project)
-        locked = debian_archive.from_entry(entry)
+        locked = locked_debs.from_entry(entry)
         assert {p.basename for p in locked.packages} == {deb.name for deb in debs}
-        assert locked.archives == (debian_archive.DebArchive(
+        assert locked.archives == (locked_debs.DebArchive(
             mirror.uri, "bookworm", ("main",), FIRST_DATE, f"{server.url}/snapshot/debian/{FIRST_STAMP}"),)
         digest = entry["base"]["digest"]
         assert digest.startswith("sha256:")
@@ -180,13 +181,13 @@ def test_c_no_rendered_dockerfile_runs_apt():
 
 
 def test_version_changes_name_each_move():
-    archive = debian_archive.DebArchive("http://127.0.0.1:9/debian", "bookworm", ("main",), FIRST_DATE, "")
+    archive = locked_debs.DebArchive("http://127.0.0.1:9/debian", "bookworm", ("main",), FIRST_DATE, "")
 
     def packages(**versions):
-        return debian_archive.SystemPackages("debian", "amd64", "root", (), (archive,), tuple(
-            debian_archive.DebPackage(name, version, "amd64", f"pool/{name}.deb", 1, "0" * 64, 0)
+        return locked_debs.SystemPackages("debian", "amd64", "root", (), (archive,), tuple(
+            locked_debs.DebPackage(name, version, "amd64", f"pool/{name}.deb", 1, "0" * 64, 0)
             for name, version in sorted(versions.items())))
 
     old, new = packages(a="1", b="2", c="3"), packages(a="1", b="2.1", d="4")
-    assert debian_archive.version_changes(old, new) == ["b 2 -> 2.1", "c 3 -> (none)", "d (none) -> 4"]
-    assert debian_archive.SystemPackages.from_dict(new.to_dict()) == new
+    assert locked_debs.version_changes(old, new) == ["b 2 -> 2.1", "c 3 -> (none)", "d (none) -> 4"]
+    assert locked_debs.SystemPackages.from_dict(new.to_dict()) == new

@@ -19,7 +19,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from builder.image import context, deb_cache, immutable, provenance, render, sbom, smoke_gate, tags, wheel_cache
-from builder.publish import debian_archive, lock
+from builder.publish import lock
+from builder.publish import system_packages as locked_debs
 from builder.engine import get_engine
 from builder.engine.protocol import BuildRequest, BuildResult, Engine
 from builder.errors import BuildFailure, UserError
@@ -69,9 +70,9 @@ def fetch_wheels(stack: Stack, entry: dict, cache: wheel_cache.WheelCache, offli
     return cache.fill(wheels, entry["python"], stack.name)
 
 
-def added_debs(entry: dict) -> debian_archive.SystemPackages | None:
+def added_debs(entry: dict) -> locked_debs.SystemPackages | None:
     """The .debs the row's own system packages step installs (None on the local base, which carries its own)."""
-    locked = debian_archive.from_entry(entry)
+    locked = locked_debs.from_entry(entry)
     return locked if locked is not None and locked.scope == "added" else None
 
 

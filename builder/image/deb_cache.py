@@ -23,7 +23,7 @@ from pathlib import Path
 
 from builder import paths
 from builder.errors import BuildFailure, UserError
-from builder.publish.debian_archive import DebPackage, SystemPackages
+from builder.publish.system_packages import DebPackage, SystemPackages
 
 _TIMEOUT_S = 60
 _CHUNK = 1 << 20

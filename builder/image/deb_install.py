@@ -10,7 +10,7 @@ building.
 from __future__ import annotations
 
 from builder.config.stack import Stack
-from builder.publish.debian_archive import SystemPackages
+from builder.publish.system_packages import SystemPackages
 
 DEBS_FILE = "debs.txt"
 _UNLOCKED = "# UNLOCKED"

@@ -41,7 +41,7 @@ from pathlib import Path
 from builder.engine.protocol import Engine
 from builder.image import dpkg
 from builder.image.deb_cache import DebCache
-from builder.publish.debian_archive import SystemPackages
+from builder.publish.system_packages import SystemPackages
 from builder.errors import BuildFailure, UserError
 from builder.files import sha256_file
 from builder.paths import local_base_tag

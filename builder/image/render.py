@@ -23,7 +23,8 @@ from builder.errors import UserError
 from builder.files import write_atomic
 from builder.image import compose, deb_install, patch_series
 from builder.paths import DEBS_CONTEXT_DIR, DEBS_MOUNT, TOOLS_DIR, VENV, WHEELS_CONTEXT_DIR, WHEELS_MOUNT, Project
-from builder.publish import debian_archive, lock
+from builder.publish import lock
+from builder.publish import system_packages as locked_debs
 
 IMAGES = "images"
 LABEL_PREFIX = "dev.sglang-builder"
@@ -207,7 +208,7 @@ def render_stack(stack: Stack, project: Project, requirements: RequirementsSourc
     for group in GROUP_ORDER:
         files[f"{context}/requirements/{GROUP_FILES[group]}"] = texts[group]
     if stack.base.system_packages:
-        locked = debian_archive.from_entry(lock_entry(stack))
+        locked = locked_debs.from_entry(lock_entry(stack))
         files[f"{context}/{deb_install.DEBS_FILE}"] = (deb_install.listing(locked) if locked
                                                        else deb_install.unlocked_listing(stack))
     return files

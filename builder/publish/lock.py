@@ -29,6 +29,7 @@ from builder.errors import BuildFailure, UserError
 from builder.files import TEMP_SUFFIX, write_atomic
 from builder.publish import base_digest as registry_base
 from builder.publish import debian_archive
+from builder.publish import system_packages as locked_debs
 from builder.publish.resolve import Resolution, resolve
 from builder.config.stack import GROUP_ORDER, Stack
 
@@ -153,7 +154,7 @@ def lock_stacks(
     resolver: Callable[[Stack], Resolution] = resolve,
     references: dict[str, list[dict]] | None = None,
     base_resolver: Callable[[str], str] = registry_base.resolve,
-    apt_resolver: Callable[..., debian_archive.SystemPackages] = debian_archive.resolve,
+    apt_resolver: Callable[..., locked_debs.SystemPackages] = debian_archive.resolve,
 ) -> list[str]:
     """Resolve every stack and its registry base's digest, then record them all in one write: one
     unreachable index or registry and nothing is written. An image built from the same distributions
@@ -182,7 +183,7 @@ def lock_stacks(
                          "digest": digests.get(stack.base.image, ""), "local": stack.base.local},
                 "source_date_epoch": stack.source_date_epoch,
                 "distributions": distributions,
-                "system_packages": system[stack.name].to_dict() if stack.name in system else None,
+                locked_debs.LOCK_KEY: system[stack.name].to_dict() if stack.name in system else None,
                 "resolution_hash": hashlib.sha256(json.dumps(distributions, sort_keys=True).encode()).hexdigest(),
                 "status": "resolved",
                 "image": None,
@@ -190,10 +191,10 @@ def lock_stacks(
                 "push": None,
                 "bench": {"reference": (references or {}).get(stack.name, []), "measured": []},
             }
-            same_debs = bool(previous) and previous.get("system_packages") == fresh["system_packages"]
+            same_debs = bool(previous) and previous.get(locked_debs.LOCK_KEY) == fresh[locked_debs.LOCK_KEY]
             if stack.base.local and previous and _same_base(previous["base"], fresh["base"]) and same_debs:
                 fresh["base"]["digest"] = previous["base"]["digest"]  # what `builder base` made and recorded
-            if not same_debs and fresh["system_packages"]:
+            if not same_debs and fresh[locked_debs.LOCK_KEY]:
                 lines.extend(_moved_lines(stack, previous or {}, system[stack.name]))
             unchanged = bool(previous) and previous.get("resolution_hash") == fresh["resolution_hash"] \
                 and previous.get("base") == fresh["base"] and same_debs
@@ -224,7 +225,7 @@ def _registry_base_digests(stacks, base_resolver: Callable[[str], str]) -> dict[
     return digests
 
 
-def _system_packages(stacks, apt_resolver) -> dict[str, debian_archive.SystemPackages]:
+def _system_packages(stacks, apt_resolver) -> dict[str, locked_debs.SystemPackages]:
     """{row: its locked .debs} for every row whose base names system packages, each archive state read once."""
     by_spec: dict = {}
     for stack in stacks:
@@ -236,13 +237,13 @@ def _system_packages(stacks, apt_resolver) -> dict[str, debian_archive.SystemPac
     return {stack.name: by_spec[stack.base.apt] for stack in stacks if stack.base.apt is not None}
 
 
-def _moved_lines(stack: Stack, previous: dict, new: debian_archive.SystemPackages) -> list[str]:
+def _moved_lines(stack: Stack, previous: dict, new: locked_debs.SystemPackages) -> list[str]:
     """Each system package whose version moved since the last lock (one line when there was none)."""
-    old = debian_archive.from_entry(previous)
+    old = locked_debs.from_entry(previous)
     if old is None:
         return [f"{stack.name}: {len(new.packages)} system packages locked from "
                 f"{', '.join(archive.line for archive in new.archives)}"]
-    changes = debian_archive.version_changes(old, new)
+    changes = locked_debs.version_changes(old, new)
     return [f"{stack.name}: system package {change}" for change in changes]
 
 

@@ -15,7 +15,8 @@ from pathlib import Path
 
 from builder.image import context, deb_install
 from builder.image.render import stack_dir
-from builder.publish import debian_archive, lock
+from builder.publish import lock
+from builder.publish import system_packages as locked_debs
 from builder.errors import UserError
 from builder.config.stack import Stack
 
@@ -54,7 +55,7 @@ def _stale_debs(stack: Stack, root: Path, entry: dict) -> str | None:
     moved base digest: `builder lock` clears the digest when the base's packages move.)"""
     if stack.base.apt is None:
         return None
-    locked = debian_archive.from_entry(entry)
+    locked = locked_debs.from_entry(entry)
     if tuple(sorted(locked.requested)) != stack.base.apt.packages:
         return "its system packages are not locked as matrix.toml names them"
     if not stack.base.system_packages:
@@ -77,7 +78,7 @@ def stale_rows(stacks: tuple[Stack, ...], root: Path, path: Path) -> tuple[list[
             problems.append(f"{stack.name}: resolved from other pins than matrix.toml has now; "
                             f"run `builder lock --stack {stack.name}`")
             continue
-        if stack.base.apt is not None and debian_archive.from_entry(entry) is None:
+        if stack.base.apt is not None and locked_debs.from_entry(entry) is None:
             notes.append(f"{stack.name}: wheels locked, system packages not locked (its archive was unreachable "
                          f"where it was locked); `builder build` refuses it")
             continue

@@ -6,7 +6,8 @@ import argparse
 import os
 from pathlib import Path
 
-from builder.publish import debian_archive, lock
+from builder.publish import lock
+from builder.publish import system_packages as locked_debs
 from builder.image.deb_cache import DebCache
 from builder.image.local_base import DEFAULT_PACKAGES, BaseSpec, check_locked, make_base
 from builder.engine import ENGINE_NAMES, get_engine
@@ -96,11 +97,11 @@ def _checked(epoch: int) -> int:
     return epoch
 
 
-def locked_packages(matrix: Matrix) -> debian_archive.SystemPackages | None:
+def locked_packages(matrix: Matrix) -> locked_debs.SystemPackages | None:
     """The base's packages as `builder lock` recorded them (every row on the local base shares them)."""
     for stack in matrix.all_rows():
         if stack.base.local:
-            found = debian_archive.from_entry(lock.entry(stack, matrix.project.lock))
+            found = locked_debs.from_entry(lock.entry(stack, matrix.project.lock))
             if found is not None:
                 return found
     return None

@@ -4,7 +4,8 @@ from builder.cli import arguments
 from builder.engine.progress import Progress
 from builder.errors import UserError
 from builder.image import build, deb_cache, wheel_cache
-from builder.publish import debian_archive, lock
+from builder.publish import lock
+from builder.publish import system_packages as locked_debs
 
 
 def register(subparsers) -> None:
@@ -27,7 +28,7 @@ def run(args) -> int:
         fetched = build.fetch_wheels(stack, entry, cache, offline=False, progress=progress)
         print(f"{stack.name}: {fetched.wanted} locked wheels in {cache.root} "
               f"({fetched.downloaded} downloaded, {fetched.downloaded_bytes} bytes)")
-        locked = debian_archive.from_entry(entry)  # the local base's too: `builder base` needs them
+        locked = locked_debs.from_entry(entry)  # the local base's too: `builder base` needs them
         if locked is not None:
             got = debs.fill(locked, stack.name)
             print(f"{stack.name}: {got.wanted} locked .debs in {debs.root} ({got.downloaded} downloaded, "
