@@ -135,8 +135,13 @@ def test_fetch_takes_every_file_from_its_source_and_pip_installs_exactly_those(l
     release URL; the rendered requirements then install, with no index at all, the locked files."""
     fetched = _fetch(locked, tmp_path / "cache")
     assert fetched.returncode == 0, fetched.stderr
-    assert fetched.stdout.endswith("7 locked wheels in " + str(tmp_path / "cache" / "locked-wheels") + " (7 downloaded, "
-                                   f"{sum(p.stat().st_size for p in locked['project'].wheels.values() if _locked(locked, p))} bytes)\n")
+    wheel_bytes = sum(p.stat().st_size for p in locked['project'].wheels.values() if _locked(locked, p))
+    assert (f"7 locked wheels in {tmp_path / 'cache' / 'locked-wheels'} (7 downloaded, {wheel_bytes} bytes)\n"
+            in fetched.stdout)
+    # And the .debs the row's base gets (jq with libjq1 and libonig5), from the loopback Debian archive.
+    assert fetched.stdout.endswith(f"3 locked .debs in {tmp_path / 'cache' / 'locked-debs'} (3 downloaded, "
+                                   f"{sum(p['size'] for p in locked['entry']['system_packages']['packages'])} bytes, "
+                                   "0 from the snapshot archive)\n")
     project, found = locked["project"], locked["entry"]["distributions"]
     flat = tmp_path / "wheels"
     flat.mkdir()
@@ -297,15 +302,15 @@ def test_the_registry_row_installs_its_locked_debs_and_builds_twice_to_one_id_wi
     lock_path = project.root / "matrix.lock"
     stack = load_matrix(matrix).stack(project.stack)
     entry = lock.check_current(stack, lock_path)
-    locked_debs = locked_debs.from_entry(entry)
-    assert sorted(p.name for p in locked_debs.packages) == ["jq", "libjq1", "libonig5"]  # the base has the rest
-    assert locked_debs.archives[0].uri == locked["mirror"].uri
+    row_debs = locked_debs.from_entry(entry)
+    assert sorted(p.name for p in row_debs.packages) == ["jq", "libjq1", "libonig5"]  # the base has the rest
+    assert row_debs.archives[0].uri == locked["mirror"].uri
     assert (project.root / "images" / project.stack / "debs.txt").read_text() == "".join(
-        f"{p.sha256}  {p.basename}\n" for p in locked_debs.packages)
+        f"{p.sha256}  {p.basename}\n" for p in row_debs.packages)
     assert "apt-get" not in (project.root / "images" / project.stack / "Dockerfile").read_text()
     debs = deb_cache.DebCache(tmp_path / "cache" / "locked-debs")
     wheels = wheel_cache.WheelCache(tmp_path / "cache" / "locked-wheels")
-    assert not debs.missing(locked_debs)
+    assert not debs.missing(row_debs)
     inputs = context.build_inputs(stack, project.root, lock.base_digest(stack, entry))
     ids = [_fresh_build(locked, pushed_base, stack, entry, inputs, debs, wheels, tmp_path / name)
            for name in ("storage-1", "storage-2")]
