@@ -22,6 +22,9 @@ IMAGES = "images"  # images/<stack>/: the rendered files of each stack row, in t
 # The locked wheels: a directory of the build context, mounted read-only into the install steps.
 WHEELS_CONTEXT_DIR = "wheels"
 WHEELS_MOUNT = "/run/wheels"
+# The locked .debs a registry row adds to its base: the same, for its system packages step.
+DEBS_CONTEXT_DIR = "debs"
+DEBS_MOUNT = "/run/debs"
 
 # The base `builder base` makes with mmdebstrap, named after the matrix's [local_base].
 LOCAL_BASE_REPOSITORY = "localhost/builder-base"

@@ -20,10 +20,12 @@ from builder.lock.model import ImageRecord, LockedBase
 from builder.lock.resolution import lock_stacks
 from builder.engine import get_engine
 from builder.engine.buildah import BuildahEngine
+from builder.image.deb_cache import DebCache
 from builder.image.local_base import BaseSpec, make_base
 from builder.config.matrix import load_matrix
 from engine_helpers import BASE_EPOCH, TEST_BASE_TAG
-from support import REPO, base_digest_of, registry_image, resolution_of, run_builder
+from support import (REPO, base_digest_of, locked_base_packages, registry_image, resolution_of, run_builder,
+                     system_packages_of)
 
 BUILT_STACK = "sglang-0.5.9-cu128-local"
 
@@ -109,7 +111,8 @@ def base_image(tmp_path_factory):
     once per session (its own date, so its id differs from the base real builds use)."""
     output = tmp_path_factory.mktemp("base")
     engine = BuildahEngine()
-    result = make_base(BaseSpec(source_date_epoch=BASE_EPOCH, tag=TEST_BASE_TAG), output, engine=engine)
+    result = make_base(BaseSpec(source_date_epoch=BASE_EPOCH, tag=TEST_BASE_TAG), output, locked_base_packages(),
+                       DebCache(), engine=engine)
     engine.daemon.load(result.archive)
     return result
 
@@ -120,7 +123,7 @@ def cu128_lock(tmp_path, monkeypatch):
     lock_path = tmp_path / "matrix.lock"
     monkeypatch.setenv("BUILDER_LOCK", str(lock_path))
     lock_stacks([load_matrix(REPO / "matrix.toml").stack("sglang-0.5.9-cu128")], path=lock_path,
-                     resolver=resolution_of, base_resolver=base_digest_of)
+                     resolver=resolution_of, base_resolver=base_digest_of, apt_resolver=system_packages_of)
     return lock_path
 
 

@@ -5,9 +5,11 @@ CUDA 13 row is the real one with every source moved onto loopback.
     make_wheel(directory, name, version, requires=(), tag="py3-none-any", payload="") -> Path
     LoopbackServer(root)                 serves root; .url, .publish(path, wheels) -> index URL,
                                          .file_url(wheel), .tamper(wheel), .stop(); /broken/... answers 500
-    cu130_project(directory, server, registry_host) -> Cu130Project
+    cu130_project(directory, server, registry_host, archive) -> Cu130Project
                                          the real matrix.toml with the cu130 row's indexes, wheel URL and
-                                         base image on loopback, and stand-in wheels for its whole closure
+                                         base image on loopback, and stand-in wheels for its whole closure;
+                                         its base (the local Debian base, pushed) takes its system packages
+                                         from `archive`, a Debian archive on loopback (source line, keyring)
     cu130_env(project, base_env)         the environment `builder lock` runs under for it (uv's default
                                          index on loopback, a private uv cache and Docker config)
 
@@ -172,7 +174,26 @@ def _on_loopback(server: LoopbackServer, url: str) -> str:
     return f"{server.url}/{parts.hostname}{parts.path.rstrip('/')}"
 
 
-def cu130_project(directory: Path, server: LoopbackServer, registry_host: str) -> Cu130Project:
+# What the row's base gets from the loopback Debian archive: a package the local base lacks, with its
+# dependencies (libjq1, libonig5), instead of Ubuntu's python3.12 (Ubuntu's archive is unreachable here).
+ROW_SYSTEM_PACKAGES = ("jq",)
+
+
+def _debian_base(text: str, base_image: str, archive: tuple[str, Path]) -> str:
+    """The cu130 row's base table: the pushed local base (Debian, python3.11), its system packages from
+    the loopback archive."""
+    start = text.index('[bases."cuda-13.0.1"]\n')
+    end = text.index("\n\n", start)
+    source, keyring = archive
+    table = (f'[bases."cuda-13.0.1"]\nimage = "{base_image}"\ncuda = "13.0.1"\npython = "3.11"\n'
+             f'venv_python = "/usr/bin/python3.11"\nsystem_packages = {list(ROW_SYSTEM_PACKAGES)!r}\n'
+             f'distribution = "debian"\nsuite = "bookworm"\nsources = ["{source}"]\nkeyring = "{keyring}"\n'
+             f'snapshot = ""').replace("'", '"')
+    return text[:start] + table + text[end:]
+
+
+def cu130_project(directory: Path, server: LoopbackServer, registry_host: str,
+                  archive: tuple[str, Path]) -> Cu130Project:
     """The real matrix.toml in `directory`, its cu130 row's sources and base moved onto loopback, and
     stand-in wheels for the row's closure published on `server`."""
     real = load_matrix(REPO / "matrix.toml").stack(CU130)
@@ -215,6 +236,7 @@ def cu130_project(directory: Path, server: LoopbackServer, registry_host: str) -
                      (f'image = "{real_base}"', f'image = "{base_image}"')):
         assert text.count(old) == 1, old
         text = text.replace(old, new)
+    text = _debian_base(text, base_image, archive)
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "matrix.toml").write_text(text)
     link_project_files(directory)

@@ -84,6 +84,22 @@ def base_digest_of(image: str) -> str:
     return "sha256:" + hashlib.sha256(image.encode()).hexdigest()
 
 
+def system_packages_of(spec):
+    """Locked system packages of exactly the requested names (no closure), as `builder lock` records them
+    without an archive; each file's hash is made up from its name."""
+    from builder.lock.system_packages import DebArchive, DebPackage, SystemPackages
+    archive = DebArchive("http://127.0.0.1:9/debian", spec.suite, ("main",), "Thu, 01 Jan 2026 00:00:00 UTC", "")
+    packages = tuple(DebPackage(name, "1.0", spec.architecture, f"pool/main/{name}_1.0_{spec.architecture}.deb",
+                                100, hashlib.sha256(name.encode()).hexdigest(), 0) for name in sorted(spec.packages))
+    return SystemPackages(spec.distribution, spec.architecture, spec.scope, spec.packages, (archive,), packages)
+
+
+def locked_base_packages():
+    """The local base's .debs as the committed matrix.lock records them (every local row shares them)."""
+    from builder.lock import store
+    return store.entry("sglang-0.5.9-cu128-local", REPO / "matrix.lock").resolution.system_packages
+
+
 def bench_report(mode="eagle3", tok_s=55.0, verdict="pass", stack="sglang-0.5.9-cu128"):
     """Shaped as builder/runtime/serve/bench.py writes it (schema 1)."""
     return {"schema": 1, "stack": stack, "mode": mode, "model": "/models/test", "gpus": ["NVIDIA RTX PRO 6000 Blackwell"] * 8,

@@ -20,6 +20,8 @@ from builder.image.local_base import (
     write_image_archive,
 )
 from builder.cli.commands.base import spec_from_args
+from builder.image.deb_cache import DebCache
+from support import locked_base_packages
 from builder.engine.buildah import BuildahEngine
 from builder.config.matrix import load_matrix
 from builder.engine.daemon import DockerDaemon
@@ -29,16 +31,18 @@ REPO_MATRIX = Path(__file__).resolve().parent.parent / "matrix.toml"
 
 
 def test_mmdebstrap_command(tmp_path):
-    argv = mmdebstrap_command(BaseSpec(source_date_epoch=EPOCH), tmp_path / "rootfs.tar")
-    assert argv[0] == "mmdebstrap" and "--format=tar" in argv and "--variant=apt" in argv
+    argv = mmdebstrap_command(BaseSpec(source_date_epoch=EPOCH), tmp_path / "rootfs.tar", tmp_path / "repo",
+                              tmp_path / "sources.list")
+    # No network at all: mmdebstrap runs in a network namespace with no interfaces.
+    assert argv[:3] == ["unshare", "--net", "--"]
+    assert argv[3] == "mmdebstrap" and "--format=tar" in argv and "--variant=apt" in argv
     assert f"--include={','.join(sorted(DEFAULT_PACKAGES))}" in argv
     assert "--dpkgopt=path-exclude=/usr/share/doc/*" in argv
     assert "--dpkgopt=path-include=/usr/share/doc/*/copyright" in argv
-    # No mirror given: apt's default for the suite; the suite and output come last.
-    assert argv[-2:] == ["bookworm", str(tmp_path / "rootfs.tar")]
-    with_mirror = mmdebstrap_command(
-        BaseSpec(source_date_epoch=EPOCH, mirror="file:///srv/mirror"), tmp_path / "r.tar")
-    assert with_mirror[-1] == "file:///srv/mirror"
+    assert f"--customize-hook=upload {tmp_path / 'sources.list'} /etc/apt/sources.list" in argv
+    # The suite and output, then the only source: the local repository of the locked .debs.
+    assert argv[-3:] == ["bookworm", str(tmp_path / "rootfs.tar"),
+                         f"deb [trusted=yes] copy://{tmp_path / 'repo'} bookworm main"]
 
 
 def test_spec_sorts_packages_and_names_the_tag():
@@ -122,6 +126,21 @@ def test_defaults_come_from_the_matrix(monkeypatch):
     assert (flagged.source_date_epoch, flagged.tag) == (7, "localhost/b:1")
 
 
+def test_cli_without_a_matrix_has_no_lock_to_build_from(monkeypatch, capsys, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "5")
+    assert cli_main.main(["base", "--no-load"]) == 2
+    assert capsys.readouterr().err == ("builder: error: builder base builds from the .debs matrix.lock records: "
+                                       "run it beside matrix.toml, or name one with --matrix\n")
+
+
+def test_a_lock_without_the_base_packages_is_refused(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("BUILDER_LOCK", str(tmp_path / "empty.lock"))
+    assert cli_main.main(["base", "--no-load", "--matrix", str(REPO_MATRIX)]) == 2
+    assert capsys.readouterr().err == ("builder: error: matrix.lock records no system packages for the local "
+                                       "base: run `builder lock`\n")
+
+
 def test_named_matrix_that_is_missing_is_an_error(tmp_path, capsys):
     assert cli_main.main(["base", "--no-load", "--matrix", str(tmp_path / "nope.toml")]) == 2
     error = capsys.readouterr().err
@@ -152,7 +171,8 @@ def test_hand_written_archive_loads_with_its_digest_in_both_engines(tmp_path):
 @pytest.mark.network
 def test_real_base_is_reproducible_and_loaded_everywhere(base_image, tmp_path):
     # A second, independent mmdebstrap run gives the same tarball and so the same digest.
-    again = make_base(BaseSpec(source_date_epoch=BASE_EPOCH, tag=TEST_BASE_TAG), tmp_path)
+    again = make_base(BaseSpec(source_date_epoch=BASE_EPOCH, tag=TEST_BASE_TAG), tmp_path, locked_base_packages(),
+                      DebCache())
     assert again.rootfs_sha256 == base_image.rootfs_sha256
     assert again.image_id == base_image.image_id
     assert again.archive.read_bytes() == base_image.archive.read_bytes()

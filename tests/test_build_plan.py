@@ -1,8 +1,9 @@
-"""What `builder build` decides before and after the engine runs: the network a row gets, when the
+"""What `builder build` decides before and after the engine runs: the network a row gets (none), when the
 lock's smoke pass stands for an image, and the one-line refusals of --offline."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -10,10 +11,12 @@ import pytest
 from builder.config.matrix import load_matrix
 from builder.engine.progress import Progress
 from builder.errors import UserError
-from builder.image import build, wheel_cache
+from builder.config.stack import AptSpec
+from builder.image import build
+from builder.image.deb_cache import DebCache
 from builder.lock import store
 from builder.lock.model import SmokeRecord
-from support import REPO, run_builder
+from support import REPO, run_builder, system_packages_of
 
 MATRIX = load_matrix(REPO / "matrix.toml")
 LOCAL = MATRIX.select(["sglang-0.5.9-cu128"], local_base=True)[0]
@@ -21,15 +24,11 @@ REGISTRY_ROW = MATRIX.stack("sglang-0.5.9-cu128")
 IMAGE_ID = "sha256:" + "c" * 64
 
 
-def test_a_local_row_builds_with_no_network_and_no_host_entries(tmp_path):
-    request = build.build_request(LOCAL, tmp_path, tmp_path / "Dockerfile", "candidate", False, Progress.for_environment())
+@pytest.mark.parametrize("row", [LOCAL, REGISTRY_ROW], ids=["local", "registry"])
+def test_every_row_builds_with_no_network_and_no_host_entries(tmp_path, row):
+    """A registry row's system packages come from the lock's .debs too: no step needs a network."""
+    request = build.build_request(row, tmp_path, tmp_path / "Dockerfile", "candidate", False, Progress.for_environment())
     assert request.network == "none" and request.add_hosts == () and dict(request.secrets) == {}
-
-
-def test_a_registry_row_keeps_the_network_its_apt_step_needs(tmp_path):
-    request = build.build_request(REGISTRY_ROW, tmp_path, tmp_path / "Dockerfile", "candidate", False,
-                                  Progress.for_environment())
-    assert request.network is None
 
 
 @pytest.mark.parametrize("smoke, expected", [
@@ -40,17 +39,20 @@ def test_a_registry_row_keeps_the_network_its_apt_step_needs(tmp_path):
     (None, None),
 ])
 def test_the_lock_smoke_pass_stands_only_for_the_same_image(smoke, expected):
-    found = store.entry("sglang-0.5.9-cu128", REPO / "matrix.lock")
+    found = store.entry("sglang-0.5.9-cu128-local", REPO / "matrix.lock")
     recorded = found.with_outcome(smoke=SmokeRecord.from_dict(smoke) if smoke else None)
     assert build.recorded_smoke(recorded, IMAGE_ID) == expected
 
 
-def test_offline_refuses_a_row_whose_apt_step_needs_the_network(tmp_path):
-    resolution = store.entry("sglang-0.5.9-cu128", REPO / "matrix.lock").resolution
+def test_offline_with_an_empty_deb_cache_is_one_line_naming_what_is_missing(tmp_path):
+    resolution = store.entry("sglang-0.5.9-cu128-local", REPO / "matrix.lock").resolution
+    added = system_packages_of(AptSpec("ubuntu", "noble", ("patch", "python3.12"), "added"))
     with pytest.raises(UserError) as failure:
-        build.fetch_wheels(REGISTRY_ROW, resolution, wheel_cache.WheelCache(tmp_path), True, Progress.for_environment())
-    assert str(failure.value) == ("sglang-0.5.9-cu128: --offline cannot build on nvidia/cuda:12.8.1-cudnn-devel-ubuntu24.04: "
-                                  "its apt step needs the network; build the --local-base row")
+        build.fetch_debs(REGISTRY_ROW, dataclasses.replace(resolution, system_packages=added), DebCache(tmp_path), True,
+                         Progress.for_environment())
+    assert str(failure.value) == (f"sglang-0.5.9-cu128: offline, and the .deb cache {tmp_path} lacks 2 of 2 locked "
+                                  f"packages (patch=1.0, python3.12=1.0): run `builder fetch` where the archive is "
+                                  f"reachable and bring the cache")
 
 
 @pytest.mark.engine

@@ -19,7 +19,7 @@ from builder.image.compose import STOP_MARGIN_S, STOP_TIMEOUT_S
 from builder.lock import records, store
 from builder.lock.model import ImageRecord, LockedBase, PushRecord
 from builder.lock.resolution import lock_stacks
-from support import REPO, base_digest_of, compose_binary, resolution_of
+from support import REPO, base_digest_of, compose_binary, resolution_of, system_packages_of
 
 MATRIX = load_matrix(REPO / "matrix.toml")
 COMPOSE_FILES = sorted((REPO / "images").glob("*/compose.yaml"))
@@ -132,7 +132,7 @@ def test_the_image_is_the_moving_tag_and_a_variable_names_another(tmp_path):
 def test_builds_and_pushes_leave_the_rendered_files_as_they_are(tmp_path):
     """Only the resolution reaches a rendered file: recording an image and a push changes none."""
     lock_path = tmp_path / "matrix.lock"
-    lock_stacks([STACK], path=lock_path, resolver=resolution_of, base_resolver=base_digest_of)
+    lock_stacks([STACK], path=lock_path, resolver=resolution_of, base_resolver=base_digest_of, apt_resolver=system_packages_of)
 
     def rendered():
         return render.render_stack(STACK, MATRIX.project, lambda s: store.entry(s.name, lock_path).resolution)

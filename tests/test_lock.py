@@ -19,7 +19,7 @@ from builder.lock.model import ImageRecord, LockedBase, PinnedRecord, PushRecord
 from builder.lock.resolution import check_current, lock_stacks, record_base, requirements
 from builder.errors import BuildFailure, UserError
 from builder.config.matrix import load_matrix
-from support import IMAGE, OTHER_IMAGE, base_digest_of, bench_report, dist, resolution_of
+from support import IMAGE, OTHER_IMAGE, base_digest_of, bench_report, dist, resolution_of, system_packages_of
 
 REPO = Path(__file__).resolve().parent.parent
 MATRIX = load_matrix(REPO / "matrix.toml")
@@ -33,7 +33,8 @@ def path(tmp_path):
 
 def locked(path, stack=CU128, *extra):
     lock_stacks([stack], path=path, resolver=lambda s: resolution_of(s, *extra), base_resolver=base_digest_of,
-                     references=reference_figures.load(MATRIX.project.reference_figures, stacks=MATRIX.all_rows()))
+                apt_resolver=system_packages_of,
+                references=reference_figures.load(MATRIX.project.reference_figures, stacks=MATRIX.all_rows()))
 
 
 # --- atomic writes and concurrent writers ----------------------------------------------------
@@ -298,7 +299,7 @@ def test_a_registry_base_whose_tag_moved_starts_the_entry_over(path):
     locked(path)
     built(path)
     moved = "sha256:" + "e" * 64
-    lock_stacks([CU128], path=path, resolver=resolution_of, base_resolver=lambda image: moved)
+    lock_stacks([CU128], path=path, resolver=resolution_of, base_resolver=lambda image: moved, apt_resolver=system_packages_of)
     found = entry(path)
     assert (found.outcome.status, found.outcome.image, found.resolution.base.manifest_digest) == ("resolved", None, moved)
 
@@ -306,10 +307,10 @@ def test_a_registry_base_whose_tag_moved_starts_the_entry_over(path):
 def test_relocking_a_local_row_keeps_the_digest_builder_base_recorded(path):
     local = MATRIX.stack("sglang-0.5.9-cu128-local")
     asked = []
-    lock_stacks([local], path=path, resolver=resolution_of, base_resolver=asked.append)
+    lock_stacks([local], path=path, resolver=resolution_of, base_resolver=asked.append, apt_resolver=system_packages_of)
     assert entry(path, local).resolution.base.image_id is None
     assert record_base("debian-bookworm", "sha256:" + "e" * 64, path=path) == [local.name]
-    lock_stacks([local], path=path, resolver=resolution_of, base_resolver=asked.append)
+    lock_stacks([local], path=path, resolver=resolution_of, base_resolver=asked.append, apt_resolver=system_packages_of)
     assert entry(path, local).resolution.base.image_id == "sha256:" + "e" * 64
     assert asked == []  # the local base is in no registry
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from builder.image import context
-from builder.lock import check as lock_check, records
+from builder.lock import check as lock_check, records, store
 from builder.lock.model import ImageRecord, LockedBase
 from builder.lock.resolution import record_base
 from builder.config.matrix import load_matrix
@@ -90,3 +90,55 @@ def test_a_row_resolved_from_other_pins_is_named(project):
         dataclasses.replace(p, version="0.5.10") if p.name == "sglang" else p for p in stack.packages))
     assert problems(root, matrix, (moved,)) == [
         f"{stack.name}: resolved from other pins than matrix.toml has now; run `builder lock --stack {stack.name}`"]
+
+
+def _lock_registry_row_debs(root: Path, matrix) -> tuple:
+    """The cu128 registry row's system packages locked (made-up files) and its debs.txt rendered from them."""
+    from builder.image import render
+    from support import system_packages_of
+    stack = matrix.stack("sglang-0.5.9-cu128")
+    locked = system_packages_of(stack.base.apt)
+
+    def change(lock):
+        found = lock.require(stack.name)
+        lock.put(dataclasses.replace(found, resolution=dataclasses.replace(found.resolution, system_packages=locked)))
+
+    store.update(change, root / "matrix.lock")
+    render.write(render.render_all((stack,), matrix.project), root)
+    return stack, locked
+
+
+def test_a_rendered_deb_list_that_is_not_the_locked_packages_is_named(project):
+    root, matrix, _ = project
+    stack, locked = _lock_registry_row_debs(root, matrix)
+    assert problems(root, matrix) == []
+    listing = root / "images" / stack.name / "debs.txt"
+    listing.write_text(listing.read_text().replace(locked.packages[0].basename, "patch_9.9_amd64.deb"))
+    assert problems(root, matrix) == [
+        f"{stack.name}: debs.txt installs other .debs than the lock records ({locked.packages[0].basename}); "
+        f"run `builder lock --stack {stack.name}` then `builder render`"]
+
+
+def test_system_packages_locked_for_another_package_list_are_named(project):
+    root, matrix, _ = project
+    stack, _ = _lock_registry_row_debs(root, matrix)
+    other = dataclasses.replace(stack.base.apt, packages=("patch",))
+    moved = dataclasses.replace(stack, base=dataclasses.replace(stack.base, apt=other))
+    assert problems(root, matrix, [moved]) == [
+        f"{stack.name}: its system packages are not locked as matrix.toml names them; "
+        f"run `builder lock --stack {stack.name}` then `builder render`"]
+
+
+def test_a_base_made_before_its_packages_moved_is_named(project):
+    root, matrix, stack = project
+
+    def change(lock):  # what `builder lock` does when the base's packages move
+        found = lock.require(stack.name)
+        base = found.resolution.base.pinned_by("")
+        lock.put(dataclasses.replace(found, resolution=dataclasses.replace(found.resolution, base=base)))
+
+    store.update(change, root / "matrix.lock")
+    assert problems(root, matrix) == [
+        f"{stack.name}: recorded image {IMAGE} was built from other inputs than the tree has now (the local base's "
+        f"locked packages moved since {BASE} was made; `builder base` makes and records the new one); rebuild it "
+        f"and commit matrix.lock"]

@@ -13,7 +13,7 @@ from builder.lock.resolution import lock_stacks
 from builder.cli.main import main
 from builder.errors import UserError
 from builder.config.matrix import load_matrix
-from support import IMAGE, base_digest_of, bench_report, link_project_files, resolution_of
+from support import IMAGE, base_digest_of, bench_report, link_project_files, resolution_of, system_packages_of
 
 REPO = Path(__file__).resolve().parent.parent
 MATRIX_TEXT = (REPO / "matrix.toml").read_text()
@@ -73,7 +73,7 @@ def test_pin_refuses_a_stack_that_was_never_built(lock_path, capsys):
 
 def test_pin_promotes_a_smoke_tested_image_with_its_reference_figures(lock_path, tmp_path, capsys, record_image):
     stack = MATRIX.stack("sglang-0.5.9-cu130")
-    lock_stacks([stack], path=lock_path, resolver=resolution_of, base_resolver=base_digest_of)
+    lock_stacks([stack], path=lock_path, resolver=resolution_of, base_resolver=base_digest_of, apt_resolver=system_packages_of)
     record_image(stack, IMAGE, ["sglang:0.5.9-cu130-abc"], lock_path)
     report = tmp_path / "bench.json"
     report.write_text(json.dumps(bench_report(mode="baseline", tok_s=90.2, stack=stack.name)))
@@ -145,7 +145,7 @@ def test_bad_reference_files_are_one_line_errors(tmp_path, old, new, message):
 
 def test_matrix_views_take_the_base_digest_from_the_lock(lock_path, capsys):
     cu128 = MATRIX.stack("sglang-0.5.9-cu128")
-    lock_stacks([cu128], path=lock_path, resolver=resolution_of, base_resolver=base_digest_of)
+    lock_stacks([cu128], path=lock_path, resolver=resolution_of, base_resolver=base_digest_of, apt_resolver=system_packages_of)
     status, out, _ = run(capsys, "matrix", "--github")
     rows = {row["stack"]: row["base_image"] for row in json.loads(out)["include"]}
     assert status == 0

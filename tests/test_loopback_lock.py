@@ -19,14 +19,15 @@ from builder.cli.main import main
 from builder.config.matrix import load_matrix
 from builder.engine.buildah import BuildahEngine
 from builder.engine.progress import Progress
-from builder.image import build, context, wheel_cache
+from builder.image import build, context, deb_cache, dpkg, wheel_cache
 from builder.lock import store
 from builder.lock.model import LockedBase
 from builder.lock.resolution import base_pin, check_current, record_base
 from builder.publish import base_digest
 from builder.publish.registry_http import Retry
 from builder.errors import UserError
-from loopback_index import LoopbackServer, cu130_env, cu130_project, sha256_of
+from loopback_debian import DebianMirror, Signer, real_debs
+from loopback_index import ROW_SYSTEM_PACKAGES, LoopbackServer, cu130_env, cu130_project, sha256_of
 from support import REPO, Registry, free_port, run_builder
 
 pytestmark = pytest.mark.engine  # the registry's base is pushed from buildah's storage
@@ -57,11 +58,16 @@ def pushed_base(tmp_path_factory, local_base):
 def locked(tmp_path_factory, pushed_base):
     """The project, locked and rendered through the command line."""
     server = LoopbackServer(tmp_path_factory.mktemp("sources"))
-    project = cu130_project(tmp_path_factory.mktemp("project"), server, pushed_base["registry"].host)
+    # Debian's archive on loopback as the row's archive (real bookworm .debs, a key made here).
+    signer = Signer(tmp_path_factory.mktemp("signer"))
+    mirror = DebianMirror(server, signer)
+    mirror.publish(real_debs(ROW_SYSTEM_PACKAGES), "Thu, 01 Jan 2026 00:00:00 UTC")
+    project = cu130_project(tmp_path_factory.mktemp("project"), server, pushed_base["registry"].host,
+                            (mirror.source_line, signer.keyring))
     env = cu130_env(project)
     lock_run = run_builder("lock", "--matrix", str(project.matrix), "--stack", project.stack, env=env)
     render_run = run_builder("render", "--matrix", str(project.matrix), "--stack", project.stack, env=env)
-    yield {"project": project, "server": server, "env": env, "lock": lock_run, "render": render_run,
+    yield {"project": project, "server": server, "env": env, "lock": lock_run, "render": render_run, "mirror": mirror,
            "resolution": store.entry(project.stack, project.root / "matrix.lock").resolution}
     server.stop()
 
@@ -135,8 +141,13 @@ def test_fetch_takes_every_file_from_its_source_and_pip_installs_exactly_those(l
     release URL; the rendered requirements then install, with no index at all, the locked files."""
     fetched = _fetch(locked, tmp_path / "cache")
     assert fetched.returncode == 0, fetched.stderr
-    assert fetched.stdout.endswith("7 locked wheels in " + str(tmp_path / "cache" / "locked-wheels") + " (7 downloaded, "
-                                   f"{sum(p.stat().st_size for p in locked['project'].wheels.values() if _locked(locked, p))} bytes)\n")
+    wheel_bytes = sum(p.stat().st_size for p in locked['project'].wheels.values() if _locked(locked, p))
+    assert (f"7 locked wheels in {tmp_path / 'cache' / 'locked-wheels'} (7 downloaded, {wheel_bytes} bytes)\n"
+            in fetched.stdout)
+    # And the .debs the row's base gets (jq with libjq1 and libonig5), from the loopback Debian archive.
+    assert fetched.stdout.endswith(f"3 locked .debs in {tmp_path / 'cache' / 'locked-debs'} (3 downloaded, "
+                                   f"{sum(p.size for p in locked['resolution'].system_packages.packages)} bytes, "
+                                   "0 from the snapshot archive)\n")
     project, found = locked["project"], distributions(locked)
     flat = tmp_path / "wheels"
     flat.mkdir()
@@ -218,7 +229,8 @@ def test_the_row_builds_on_the_local_base_from_the_fetched_wheels_with_no_networ
     if not (project.root / "builder").exists():
         (project.root / "builder").symlink_to(REPO / "builder")  # the in-image tools the Dockerfile copies
     env = {**locked["env"], "BUILDER_CACHE": str(tmp_path / "cache")}
-    for command in (["lock"], ["render"], ["fetch"]):
+    # --no-base: the test takes the base digest the committed lock records (below), not a new base.
+    for command in (["lock", "--no-base"], ["render"], ["fetch"]):
         done = run_builder(*command, "--matrix", str(matrix), "--stack", project.stack, "--local-base", env=env)
         assert done.returncode == 0, (command, done.stderr)
     lock_path = project.root / "matrix.lock"
@@ -251,3 +263,61 @@ def test_the_row_builds_on_the_local_base_from_the_fetched_wheels_with_no_networ
     assert origin["torch"] == "SOURCE = 'torch-cu130'\n"
     assert origin["filelock"] == "SOURCE = 'default'\n"
     assert origin["sgl-kernel"] == "SOURCE = 'v0.3.21'\n"
+
+
+def _fresh_build(locked, pushed_base, stack, resolution, inputs, debs, wheels, storage: Path) -> str:
+    """One build of the registry row in empty buildah storage: its base pulled by digest from the loopback
+    registry, then every RUN step with no network; returns the image id."""
+    registry = pushed_base["registry"]
+    base = f"{registry.host}/nvidia/cuda@{resolution.base.manifest_digest}"
+    engine = BuildahEngine(storage_dir=storage, export_to_docker=False)
+    subprocess.run([*engine._global_args(), "pull", "--quiet", "--tls-verify=false", f"docker://{base}"],
+                   check=True, capture_output=True)
+    context_dir = storage.parent / f"{storage.name}-context"
+    dockerfile = build.stage_context(inputs, locked["project"].root, resolution, wheels, context_dir, debs)
+    request = build.build_request(stack, context_dir, dockerfile, "localhost/loopback-registry-row:test", False,
+                                  Progress.for_environment())
+    assert request.network == "none"
+    try:
+        result = engine.build(request)
+        with engine.mounted(request.tags[0]) as root:
+            status = (root / "var/lib/dpkg/status").read_text()
+            installed = {p["Package"]: p["Version"] for p in dpkg.installed(status)}
+        for package in resolution.system_packages.packages:
+            assert installed.get(package.name) == package.version, package.name
+        return result.image_id
+    finally:
+        engine.reset_storage()
+
+
+def test_the_registry_row_installs_its_locked_debs_and_builds_twice_to_one_id_with_no_network(
+        locked, pushed_base, tmp_path):
+    """The row on its registry base (the local base, pushed): `builder lock` resolved its system packages
+    from Debian's archive on loopback and `builder fetch` took the .debs and wheels into an empty cache;
+    built twice, each time in empty storage with no network, it holds exactly the locked packages and
+    gives one image id."""
+    project = locked["project"]
+    matrix = project.root / "matrix-unpatched.toml"
+    matrix.write_text(project.matrix.read_text().replace('patched = ["sglang", "flashinfer-python"]', "patched = []"))
+    if not (project.root / "builder").exists():
+        (project.root / "builder").symlink_to(REPO / "builder")
+    env = {**locked["env"], "BUILDER_CACHE": str(tmp_path / "cache")}
+    for command in (["lock"], ["render"], ["fetch"]):
+        done = run_builder(*command, "--matrix", str(matrix), "--stack", project.stack, env=env)
+        assert done.returncode == 0, (command, done.stderr)
+    lock_path = project.root / "matrix.lock"
+    stack = load_matrix(matrix).stack(project.stack)
+    resolution = check_current(stack, lock_path).resolution
+    row_debs = resolution.system_packages
+    assert sorted(p.name for p in row_debs.packages) == ["jq", "libjq1", "libonig5"]  # the base has the rest
+    assert row_debs.archives[0].uri == locked["mirror"].uri
+    assert (project.root / "images" / project.stack / "debs.txt").read_text() == "".join(
+        f"{p.sha256}  {p.basename}\n" for p in row_debs.packages)
+    assert "apt-get" not in (project.root / "images" / project.stack / "Dockerfile").read_text()
+    debs = deb_cache.DebCache(tmp_path / "cache" / "locked-debs")
+    wheels = wheel_cache.WheelCache(tmp_path / "cache" / "locked-wheels")
+    assert not debs.missing(row_debs)
+    inputs = context.build_inputs(stack, project.root, base_pin(stack, resolution))
+    ids = [_fresh_build(locked, pushed_base, stack, resolution, inputs, debs, wheels, tmp_path / name)
+           for name in ("storage-1", "storage-2")]
+    assert ids[0] == ids[1] and ids[0].startswith("sha256:")

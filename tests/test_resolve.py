@@ -20,7 +20,7 @@ from builder.errors import UserError
 from builder.config.matrix import load_matrix
 from builder.config.stack import Override, Package
 from loopback_index import LoopbackServer, make_wheel, sha256_of
-from support import base_digest_of, free_port
+from support import base_digest_of, free_port, system_packages_of
 
 REPO = Path(__file__).resolve().parent.parent
 ROW = load_matrix(REPO / "matrix.toml").stack("sglang-0.5.9-cu128")
@@ -108,7 +108,7 @@ def test_resolves_closure_with_hashes_sources_and_groups(demo):
 def test_requirements_texts_pin_each_group_to_the_locked_files(demo, tmp_path):
     stack = demo_stack(demo)
     path = tmp_path / "matrix.lock"
-    lock_stacks([stack], path=path, base_resolver=base_digest_of)
+    lock_stacks([stack], path=path, base_resolver=base_digest_of, apt_resolver=system_packages_of)
     texts = requirements(check_current(stack, path).resolution)
     accel, kernel = demo["files"]["demo_accel-2.0+cu999-py3-none-any.whl"], demo["files"]["demo_kernel-1.0-py3-none-any.whl"]
     # The sources (extra index, direct URL) are the wheel cache's to use; pip installs with no index.
@@ -129,11 +129,11 @@ def test_without_the_override_the_declared_pin_conflicts(demo):
 def test_unreachable_extra_index_is_one_line_and_writes_nothing(demo, tmp_path):
     dead = f"http://127.0.0.1:{free_port()}/simple"
     path = tmp_path / "matrix.lock"
-    lock_stacks([demo_stack(demo)], path=path, base_resolver=base_digest_of)
+    lock_stacks([demo_stack(demo)], path=path, base_resolver=base_digest_of, apt_resolver=system_packages_of)
     before = path.read_bytes()
     with pytest.raises(UserError) as failure:
         lock_stacks([demo_stack(demo), demo_stack(demo, extra_index=dead)], path=path,
-                         base_resolver=base_digest_of)
+                         base_resolver=base_digest_of, apt_resolver=system_packages_of)
     assert str(failure.value) == (
         f"demo-row: cannot reach package index {dead} (connection refused); nothing was locked")
     assert path.read_bytes() == before

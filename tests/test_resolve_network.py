@@ -15,7 +15,7 @@ import pytest
 from builder.lock import resolve
 from builder.lock.model import DEFAULT_INDEX
 from builder.lock.resolution import lock_stacks
-from builder.publish import base_digest
+from builder.publish import base_digest, debian_archive
 from builder.errors import UserError
 from builder.config.matrix import load_matrix
 
@@ -89,7 +89,7 @@ def test_cu130_row_fails_on_the_unreachable_indexes_and_locks_nothing(tmp_path):
         pytest.skip("PyTorch's index is reachable from here")
     path = tmp_path / "matrix.lock"
     with pytest.raises(UserError) as failure:
-        lock_stacks([CU128, CU130], path=path, base_resolver=base_digest.resolve)
+        lock_stacks([CU128, CU130], path=path, base_resolver=base_digest.resolve, apt_resolver=debian_archive.resolve)
     message = str(failure.value)
     assert message.startswith("sglang-0.5.9-cu130: ") and message.endswith("; nothing was locked")
     assert f"cannot reach package index {torch_index} (host name does not resolve)" in message

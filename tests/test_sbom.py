@@ -25,7 +25,7 @@ from builder.errors import BuildFailure
 from builder.config.matrix import load_matrix
 from builder.lock.model import Distribution
 from builder.lock.resolve import PLATFORM, WheelResolution
-from support import base_digest_of
+from support import base_digest_of, system_packages_of
 
 REPO = Path(__file__).resolve().parent.parent
 STACK = load_matrix(REPO / "matrix.toml").stack("sglang-0.5.9-cu128")
@@ -152,7 +152,7 @@ def test_sbom_of_a_real_image_written_with_the_locked_hashes(python_image, tmp_p
         locked_distribution("packaging", versions["packaging"]),
     ))
     path = tmp_path / "matrix.lock"
-    lock_stacks([STACK], path=path, resolver=lambda s: resolution, base_resolver=base_digest_of)
+    lock_stacks([STACK], path=path, resolver=lambda s: resolution, base_resolver=base_digest_of, apt_resolver=system_packages_of)
     target = sbom.sbom_path(tmp_path / "build-reports" / f"{STACK.name}.json")
     written = sbom.write_bom(target, STACK.name, image_id, store.entry(STACK.name, path).resolution, client=client)
     assert written == tmp_path / "build-reports" / f"{STACK.name}.cdx.json"
@@ -221,7 +221,7 @@ def test_the_sbom_lists_debian_packages_torch_and_the_base_with_its_digest(debia
     torch_version = importlib.metadata.version("torch")
     resolution = WheelResolution(local.python, PLATFORM, (), "first-index",
                             (locked_distribution("torch", torch_version, "torch"),))
-    lock_stacks([local], path=path, resolver=lambda s: resolution, base_resolver=base_digest_of)
+    lock_stacks([local], path=path, resolver=lambda s: resolution, base_resolver=base_digest_of, apt_resolver=system_packages_of)
     record_base(local.base.name, base.image_id, path=path)
 
     written = sbom.write_bom(tmp_path / "r.cdx.json", local.name, image_id, store.entry(local.name, path).resolution, client=client)

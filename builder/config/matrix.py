@@ -21,7 +21,7 @@ from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel
 from packaging.version import InvalidVersion, Version
 
 from builder.config import compat, schema
-from builder.config.stack import Base, Bench, Override, Package, Serve, ServeMode, Stack
+from builder.config.stack import AptSpec, Base, Bench, Override, Package, Serve, ServeMode, Stack
 from builder.config.toml_positions import Positions
 from builder.errors import UserError, one_line
 from builder.paths import Project, local_base_tag
@@ -83,6 +83,11 @@ class Matrix:
         if local_base:
             rows = tuple(row if row.base.local else self.stack(row.name + LOCAL_SUFFIX) for row in rows)
         return rows
+
+
+def _apt_spec(spec: dict, suite: str, packages: tuple[str, ...], scope: str) -> AptSpec:
+    return AptSpec(spec.get("distribution", "debian"), suite, tuple(sorted(set(packages))), scope,
+                   sources=tuple(spec.get("sources", ())), keyring=spec.get("keyring"), snapshot=spec.get("snapshot"))
 
 
 def load_matrix(path: str | Path, local_base: bool = False, patches_root: Path | None = None) -> Matrix:
@@ -341,13 +346,21 @@ class _Loader:
         for key, pattern, example in (("cuda", _CUDA, "13.0.1"), ("python", _PYTHON, "3.12")):
             if not pattern.fullmatch(spec[key]):
                 self.problem(("bases", name, key), f"base {name}: {key} '{spec[key]}' must look like '{example}'")
-        return Base(name, spec["image"], spec["python"], spec["venv_python"],
-                    tuple(spec.get("system_packages", ())), spec["cuda"], False)
+        packages = tuple(spec.get("system_packages", ()))
+        apt = None
+        if packages:
+            missing = [key for key in ("distribution", "suite") if key not in spec]
+            if missing:
+                self.problem(("bases", name), f"base {name}: system_packages need the archive's "
+                                              f"{' and '.join(missing)}")
+                return Base(name, spec["image"], spec["python"], spec["venv_python"], packages, spec["cuda"], False)
+            apt = _apt_spec(spec, spec["suite"], packages, "added")
+        return Base(name, spec["image"], spec["python"], spec["venv_python"], packages, spec["cuda"], False, apt)
 
     def _local_base(self) -> Base:
         spec = self.document["local_base"]
-        return Base(spec["name"], local_base_tag(spec["name"]), spec["python"],
-                    spec["venv_python"], (), None, True)
+        return Base(spec["name"], local_base_tag(spec["name"]), spec["python"], spec["venv_python"], (), None, True,
+                    _apt_spec(spec, spec["suite"], tuple(spec["packages"]), "root"))
 
     def _axis_path(self, index: int, axes: tuple, sub: tuple) -> tuple:
         """The key path that defined `sub` for this row: an axis table if it sets it, else the stack."""

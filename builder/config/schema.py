@@ -90,6 +90,14 @@ STACK_FIELDS = {
 }
 AXIS_FIELDS = {k: v for k, v in STACK_FIELDS.items() if k not in ("name",)}
 
+# Optional, where the archive is not the distribution's default (a mirror of one's own, a test's loopback
+# archive): the apt source lines, the keyring that signs them, the snapshot archive's URL template.
+APT_SOURCE_FIELDS = {
+    "sources": Field(_STR_LIST),
+    "keyring": Field(str),
+    "snapshot": Field(str),
+}
+
 MATRIX = Table({
     "schema": Field(int, required=True),
     "defaults": Field(Table({
@@ -105,6 +113,10 @@ MATRIX = Table({
         "python": Field(str, required=True),
         "venv_python": Field(str, required=True),
         "system_packages": Field(_STR_LIST),
+        # The archive system_packages come from (builder/config/apt_archives.toml names its keyring).
+        "distribution": Field(str),
+        "suite": Field(str),
+        **APT_SOURCE_FIELDS,
     })), required=True),
     "local_base": Field(Table({
         "name": Field(str, required=True),
@@ -112,6 +124,8 @@ MATRIX = Table({
         "python": Field(str, required=True),
         "venv_python": Field(str, required=True),
         "packages": Field(_STR_LIST, required=True),
+        "distribution": Field(str),
+        **APT_SOURCE_FIELDS,
     }), required=True),
     "stack": Field(ListOf(Table({
         **STACK_FIELDS,

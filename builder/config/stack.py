@@ -58,6 +58,20 @@ class Override:
 
 
 @dataclass(frozen=True)
+class AptSpec:
+    """Where a base's system packages come from, for `builder lock` (builder/publish/debian_archive.py)."""
+
+    distribution: str  # keys the keyring and snapshot archive in builder/config/apt_archives.toml
+    suite: str
+    packages: tuple[str, ...]
+    scope: str  # "root": the local base's whole root file system; "added": what a row adds to a registry base
+    architecture: str = "amd64"
+    sources: tuple[str, ...] = ()  # 'deb URI SUITE COMPONENT...' lines; empty: mmdebstrap's default
+    keyring: str | None = None  # None: the distribution's
+    snapshot: str | None = None  # None: the distribution's snapshot archive; "": none
+
+
+@dataclass(frozen=True)
 class Base:
     """The image a stack starts FROM: a registry image or the local mmdebstrap base."""
 
@@ -65,15 +79,10 @@ class Base:
     image: str  # "nvidia/cuda:13.0.1-cudnn-devel-ubuntu24.04", or the local base's tag
     python: str  # interpreter major.minor the base provides
     venv_python: str  # interpreter that creates /opt/venv
-    system_packages: tuple[str, ...]  # apt packages the build adds to a registry base
+    system_packages: tuple[str, ...]  # packages the build adds to a registry base, from the lock's .debs
     cuda: str | None  # CUDA toolkit in the base; None for the local base
     local: bool
-
-    @property
-    def build_network(self) -> str:
-        """The network the build's RUN steps get: "default" where an apt step adds system packages to a
-        registry base, else "none" (wheels come from the host's cache; nothing else is fetched)."""
-        return "default" if self.system_packages else "none"
+    apt: AptSpec | None = None  # what `builder lock` resolves: the local base's root, a registry base's additions
 
     def reference(self, digest: str) -> str:
         """What FROM names and CI pulls: a registry base as name@digest once `builder lock` resolved the

@@ -17,18 +17,18 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from builder.engine import host_network
-from builder.image import context, immutable, provenance, render, sbom, smoke_gate, tags, wheel_cache
+from builder.image import context, deb_cache, immutable, provenance, render, sbom, smoke_gate, tags, wheel_cache
 from builder.lock import records
 from builder.lock.model import ImageRecord, LockEntry, Resolution
 from builder.lock.resolution import base_pin, check_current
+from builder.lock.system_packages import SystemPackages
 from builder.engine import get_engine
 from builder.engine.protocol import BuildRequest, BuildResult, Engine
 from builder.errors import BuildFailure, UserError
 from builder.files import write_atomic
 from builder.engine.progress import Progress
 from builder.config.stack import Stack
-from builder.paths import WHEELS_CONTEXT_DIR, Project, project_relative
+from builder.paths import DEBS_CONTEXT_DIR, WHEELS_CONTEXT_DIR, Project, project_relative
 
 @dataclass(frozen=True)
 class BuildOutcome:
@@ -41,26 +41,18 @@ class BuildOutcome:
     durations_s: dict
 
 
-def needs_network(stack: Stack) -> bool:
-    """Only a registry base's apt step reaches out; wheels come from the host's cache. A row with no
-    such step builds with no network at all, online or offline alike, so both give one image (the
-    engines write /etc/hosts and resolv.conf stubs into RUN layers only when a network is attached).
-    The rendered Dockerfile declares the same choice (ARG BUILD_NETWORK, Base.build_network)."""
-    return stack.base.build_network != "none"
-
-
 def build_request(stack: Stack, context_dir: Path, dockerfile: Path, candidate: str, no_cache: bool,
                   progress: Progress) -> BuildRequest:
-    network = host_network.host_network() if needs_network(stack) else host_network.HostNetwork()
+    """Every row builds with no network: wheels and .debs come from the host's cache through the context,
+    so online and offline builds give one image (the engines write /etc/hosts and resolv.conf stubs into
+    RUN layers only when a network is attached)."""
     return BuildRequest(
         context_dir=context_dir,
         dockerfile=dockerfile,
         tags=(candidate,),
         source_date_epoch=stack.source_date_epoch,
         build_args={"SOURCE_DATE_EPOCH": str(stack.source_date_epoch)},
-        add_hosts=network.add_hosts,
-        secrets=network.secrets,
-        network=None if needs_network(stack) else "none",
+        network="none",
         platform=stack.platform,
         no_cache=no_cache,
         progress=progress.line,
@@ -72,9 +64,6 @@ def fetch_wheels(stack: Stack, resolution: Resolution, cache: wheel_cache.WheelC
     """Every locked wheel into the host's cache before the engine starts; --offline only checks."""
     wheels = wheel_cache.locked_wheels(resolution)
     if offline:
-        if needs_network(stack):
-            raise UserError(f"{stack.name}: --offline cannot build on {stack.base.image}: its apt step needs the "
-                            f"network; build the --local-base row")
         cache.require(wheels, stack.name)
         return wheel_cache.FillReport(len(wheels), 0, 0)
     absent = len(cache.missing(wheels))
@@ -83,12 +72,37 @@ def fetch_wheels(stack: Stack, resolution: Resolution, cache: wheel_cache.WheelC
     return cache.fill(wheels, resolution.python, stack.name)
 
 
+def added_debs(resolution: Resolution) -> SystemPackages | None:
+    """The .debs the row's own system packages step installs (None on the local base, which carries its own)."""
+    locked = resolution.system_packages
+    return locked if locked is not None and locked.scope == "added" else None
+
+
+def fetch_debs(stack: Stack, resolution: Resolution, debs: deb_cache.DebCache, offline: bool,
+               progress: Progress) -> deb_cache.DebFillReport:
+    """Every .deb the row's system packages step installs into the host's cache; --offline only checks."""
+    locked = added_debs(resolution)
+    if locked is None:
+        return deb_cache.DebFillReport(0, 0, 0, 0)
+    if offline:
+        debs.require(locked, stack.name)
+        return deb_cache.DebFillReport(len(locked.packages), 0, 0, 0)
+    absent = len(debs.missing(locked))
+    if absent:
+        progress.stage(f"{stack.name}: fetching {absent} of {len(locked.packages)} locked .debs into {debs.root}")
+    return debs.fill(locked, stack.name)
+
+
 def stage_context(inputs: context.BuildInputs, root: Path, resolution: Resolution, cache: wheel_cache.WheelCache,
-                  context_dir: Path) -> Path:
-    """The engine's context: exactly the hashed files, and the entry's wheels for the install steps'
-    read-only mount (their hashes are in the hashed requirements). Returns the Dockerfile."""
+                  context_dir: Path, debs: deb_cache.DebCache | None = None) -> Path:
+    """The engine's context: exactly the hashed files, the entry's wheels for the install steps' read-only
+    mount (their hashes are in the hashed requirements) and, for a row that adds system packages, its
+    locked .debs (their hashes are in debs.txt). Returns the Dockerfile."""
     dockerfile = context.assemble(inputs, root, context_dir)
     cache.link_into(wheel_cache.locked_wheels(resolution), context_dir / WHEELS_CONTEXT_DIR)
+    locked = added_debs(resolution)
+    if locked is not None:
+        (debs or deb_cache.DebCache()).link_into(locked, context_dir / DEBS_CONTEXT_DIR)
     return dockerfile
 
 
@@ -192,6 +206,7 @@ def build_stack(stack: Stack, engine: Engine, progress: Progress, project: Proje
     report_path = project.reports / f"{stack.name}.json"
     started_on, started = datetime.now(timezone.utc), time.monotonic()
     fetched = fetch_wheels(stack, resolution, cache, offline, progress)
+    fetched_debs = fetch_debs(stack, resolution, deb_cache.DebCache(), offline, progress)
     durations = {"fetch_wheels": round(time.monotonic() - started, 1)}
     progress.stage(f"{stack.name}: building {immutable_tag}")
     result = _build_in_context(engine, stack, inputs, root, resolution, cache, candidate, no_cache, progress)
@@ -216,6 +231,7 @@ def build_stack(stack: Stack, engine: Engine, progress: Progress, project: Proje
         started=started_on, finished=datetime.now(timezone.utc), durations_s=durations,
         external={"engine": engine.name, "no_cache": no_cache, "local_base": stack.base.local, "offline": offline,
                   "wheels_downloaded": fetched.downloaded, "wheel_bytes_downloaded": fetched.downloaded_bytes,
+                  "debs_downloaded": fetched_debs.downloaded, "deb_bytes_downloaded": fetched_debs.downloaded_bytes,
                   "delivered_bytes": result.delivered_bytes, "canonical_bytes_rewritten": result.canonical_bytes},
     )
     provenance_path = provenance.write(report_path, statement)

@@ -3,17 +3,23 @@
 No registry can be pulled here (nor on air-gapped hosts), so every stack can build FROM this image.
 
 Steps:
-1. mmdebstrap writes the root filesystem as a tar. With SOURCE_DATE_EPOCH set it is reproducible
-   for the same options and the same mirror content (file times clamped, logs and caches removed);
-   /etc/hostname and /etc/resolv.conf, copied from the host, are removed so other hosts agree.
-2. That tar becomes the image's only layer, as-is, in a docker-archive written here with a config
+1. The .deb files matrix.lock records for the base (`builder lock`, builder/publish/debian_archive.py:
+   exactly the set mmdebstrap --variant=apt installs with these packages) are fetched into the host's
+   content-keyed cache (builder/image/deb_cache.py) unless already there, and hard-linked into a local
+   apt repository whose Packages file is written from the files themselves.
+2. mmdebstrap writes the root filesystem as a tar from that repository alone, in a network namespace
+   with no interfaces (`unshare --net`): nothing can come from anywhere else. With SOURCE_DATE_EPOCH
+   set it is reproducible (file times clamped, logs and caches removed); /etc/hostname and
+   /etc/resolv.conf, copied from the host, are removed so other hosts agree, and /etc/apt/sources.list
+   names the archive the lock was made from, never the local repository's path.
+3. That tar becomes the image's only layer, as-is, in a docker-archive written here with a config
    whose every field is fixed (created = SOURCE_DATE_EPOCH). Importing with `docker import` or
    `buildah from scratch` + commit would stamp the wall clock or re-pack the files; loading an archive
    we wrote keeps the config byte-exact, so the image ID (the digest) is the same in every engine.
-3. The archive is loaded into the engine; the image ID is printed and returned for the lock.
+4. The archive is loaded into the engine; the image ID is printed and returned for the lock.
 
-Reproducible "on any day" holds while the mirror serves the same package versions; the package list
-written beside the archive explains a changed digest when a Debian point release moved a package.
+So the digest holds on any day, whatever the mirror serves now: a moved archive changes the base only
+through `builder lock`, which says which packages moved.
 """
 
 from __future__ import annotations
@@ -34,6 +40,8 @@ from pathlib import Path
 
 from builder.engine.protocol import Engine
 from builder.image import dpkg
+from builder.image.deb_cache import DebCache
+from builder.lock.system_packages import SystemPackages
 from builder.errors import BuildFailure, UserError
 from builder.files import sha256_file
 from builder.paths import local_base_tag
@@ -70,8 +78,6 @@ class BaseSpec:
     suite: str = "bookworm"
     architecture: str = "amd64"
     packages: tuple[str, ...] = DEFAULT_PACKAGES
-    # None: apt's default mirror for the suite (plus its updates and security suites).
-    mirror: str | None = None
     tag: str = ""
 
     def __post_init__(self) -> None:
@@ -91,8 +97,10 @@ class BaseResult:
     mmdebstrap_s: float = 0.0
 
 
-def mmdebstrap_command(spec: BaseSpec, output: Path) -> list[str]:
+def mmdebstrap_command(spec: BaseSpec, output: Path, repository: Path, sources_list: Path) -> list[str]:
+    """mmdebstrap from the local repository only, in a network namespace with no interfaces."""
     command = [
+        "unshare", "--net", "--",
         "mmdebstrap",
         "--mode=root",
         "--variant=apt",
@@ -107,16 +115,38 @@ def mmdebstrap_command(spec: BaseSpec, output: Path) -> list[str]:
     command += [f"--dpkgopt={option}" for option in _DPKG_EXCLUDES]
     # A fixed hook (no user input): these two files are copied from the host and differ per host.
     command.append('--customize-hook=rm -f "$1/etc/hostname" "$1/etc/resolv.conf"')
-    command += [spec.suite, str(output)]
-    if spec.mirror:
-        command.append(spec.mirror)
+    command.append(f"--customize-hook=upload {sources_list} /etc/apt/sources.list")
+    command += [spec.suite, str(output), f"deb [trusted=yes] copy://{repository} {spec.suite} main"]
     return command
 
 
+def local_repository(spec: BaseSpec, locked: SystemPackages, cache: DebCache, directory: Path) -> Path:
+    """An apt repository holding exactly the locked files (hard links from the cache), its Packages file
+    written from each file's own control fields plus its name, size and sha256, in name order."""
+    pool = directory / "pool"
+    cache.link_into(locked, pool)
+    stanzas = []
+    for package in locked.packages:
+        deb = pool / package.basename
+        control = subprocess.run(["dpkg-deb", "--field", str(deb)], capture_output=True, text=True, check=True).stdout
+        stanzas.append(control.rstrip("\n") + f"\nFilename: pool/{package.basename}\nSize: {package.size}\n"
+                       f"SHA256: {package.sha256}\n")
+    binary = f"main/binary-{spec.architecture}"
+    packages = ("\n".join(stanzas)).encode()
+    (directory / "dists" / spec.suite / binary).mkdir(parents=True)
+    (directory / "dists" / spec.suite / binary / "Packages").write_bytes(packages)
+    release = (f"Suite: {spec.suite}\nCodename: {spec.suite}\nArchitectures: {spec.architecture}\n"
+               f"Components: main\nSHA256:\n {hashlib.sha256(packages).hexdigest()} {len(packages)} {binary}/Packages\n")
+    (directory / "dists" / spec.suite / "Release").write_text(release)
+    return directory
+
+
 def build_rootfs(
-    spec: BaseSpec, output: Path, on_line: Callable[[str], None] | None = None
+    spec: BaseSpec, output: Path, locked: SystemPackages, cache: DebCache,
+    on_line: Callable[[str], None] | None = None,
 ) -> None:
-    """Run mmdebstrap into `output`; the file appears only when complete (Ctrl-C leaves none)."""
+    """Run mmdebstrap into `output` from the locked .debs; the file appears only when complete (Ctrl-C
+    leaves none)."""
     if shutil.which("mmdebstrap") is None:
         raise UserError("mmdebstrap not found: run scripts/setup-host (or apt-get install mmdebstrap)")
     if os.geteuid() != 0:
@@ -124,26 +154,49 @@ def build_rootfs(
     partial = output.with_name(output.name + ".partial")
     env = {**os.environ, "SOURCE_DATE_EPOCH": str(spec.source_date_epoch)}
     tail: list[str] = []
-    try:
-        with subprocess.Popen(
-            mmdebstrap_command(spec, partial),
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            errors="replace",
-        ) as process:
-            assert process.stdout is not None
-            for line in process.stdout:
-                tail = (tail + [line.rstrip()])[-8:]
-                if on_line:
-                    on_line(line.rstrip())
-        if process.returncode != 0:
-            details = "\n".join(f"  | {line}" for line in tail)
-            raise BuildFailure(f"mmdebstrap failed (exit status {process.returncode}):\n{details}")
-        partial.replace(output)
-    finally:
-        partial.unlink(missing_ok=True)
+    with tempfile.TemporaryDirectory(dir=output.parent, prefix=".repository-") as scratch:
+        repository = local_repository(spec, locked, cache, Path(scratch) / "repo")
+        sources_list = Path(scratch) / "sources.list"
+        sources_list.write_text("".join(f"{archive.line}\n" for archive in locked.archives))
+        try:
+            with subprocess.Popen(
+                mmdebstrap_command(spec, partial, repository, sources_list),
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                errors="replace",
+            ) as process:
+                assert process.stdout is not None
+                for line in process.stdout:
+                    tail = (tail + [line.rstrip()])[-8:]
+                    if on_line:
+                        on_line(line.rstrip())
+            if process.returncode != 0:
+                details = "\n".join(f"  | {line}" for line in tail)
+                raise BuildFailure(f"mmdebstrap failed (exit status {process.returncode}):\n{details}")
+            partial.replace(output)
+        finally:
+            partial.unlink(missing_ok=True)
+
+
+def check_locked(spec: BaseSpec, locked: SystemPackages | None) -> SystemPackages:
+    """The lock's packages for this base, refusing none or ones resolved for another package list."""
+    if locked is None:
+        raise UserError("matrix.lock records no system packages for the local base: run `builder lock`")
+    if locked.scope != "root" or tuple(sorted(locked.requested)) != spec.packages:
+        raise UserError(f"matrix.lock's base packages were resolved for {', '.join(locked.requested)}, the matrix "
+                        f"asks for {', '.join(spec.packages)}: run `builder lock`")
+    return locked
+
+
+def check_installed(locked: SystemPackages, installed: tuple[str, ...]) -> None:
+    """mmdebstrap must have installed exactly the locked set: a difference is a resolver bug."""
+    expected = {package.pin for package in locked.packages}
+    if set(installed) != expected:
+        extra, absent = sorted(set(installed) - expected), sorted(expected - set(installed))
+        raise BuildFailure(f"the base holds other packages than matrix.lock records (installed but not locked: "
+                           f"{', '.join(extra) or 'none'}; locked but not installed: {', '.join(absent) or 'none'})")
 
 
 def installed_packages(rootfs_tar: Path) -> tuple[str, ...]:
@@ -227,23 +280,27 @@ def write_image_archive(spec: BaseSpec, rootfs_tar: Path, diff_id: str, archive_
 def make_base(
     spec: BaseSpec,
     output_dir: Path,
+    locked: SystemPackages,
+    cache: DebCache,
     engine: Engine | None = None,
     check_reproducible: bool = False,
     on_line: Callable[[str], None] | None = None,
 ) -> BaseResult:
-    """Build the base (twice when check_reproducible), write it to output_dir, load it into engine."""
+    """Build the base from the locked .debs (twice when check_reproducible), write it to output_dir, load it
+    into engine. The cache gets the .debs it lacks first."""
     output_dir.mkdir(parents=True, exist_ok=True)
+    cache.fill(locked, "base")
     stem = f"base-{spec.suite}-{spec.architecture}"
     archive_path = output_dir / f"{stem}.docker.tar"
     with tempfile.TemporaryDirectory(dir=output_dir, prefix=".rootfs-") as scratch:
         rootfs = Path(scratch) / "rootfs.tar"
         started = time.monotonic()
-        build_rootfs(spec, rootfs, on_line)
+        build_rootfs(spec, rootfs, locked, cache, on_line)
         mmdebstrap_s = time.monotonic() - started
         diff_id = sha256_file(rootfs)
         if check_reproducible:
             again = Path(scratch) / "rootfs-again.tar"
-            build_rootfs(spec, again, on_line)
+            build_rootfs(spec, again, locked, cache, on_line)
             again_id = sha256_file(again)
             if again_id != diff_id:
                 raise BuildFailure(
@@ -252,6 +309,7 @@ def make_base(
                 )
             again.unlink()
         packages = installed_packages(rootfs)
+        check_installed(locked, packages)
         image_id = write_image_archive(spec, rootfs, diff_id, archive_path)
         result = BaseResult(
             image_id=image_id,

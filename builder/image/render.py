@@ -22,9 +22,11 @@ from builder.config.stack import GROUP_ORDER, Stack
 from builder.errors import UserError
 from builder.files import write_atomic
 from builder.image import compose, patch_series
+from builder.lock import deb_listing
 from builder.lock.model import Resolution
 from builder.lock.resolution import base_pin, recorded_resolutions, requirements
-from builder.paths import TOOLS_DIR, VENV, WHEELS_CONTEXT_DIR, WHEELS_MOUNT, Project, stack_dir
+from builder.paths import (DEBS_CONTEXT_DIR, DEBS_MOUNT, TOOLS_DIR, VENV, WHEELS_CONTEXT_DIR, WHEELS_MOUNT, Project,
+                           stack_dir)
 
 LABEL_PREFIX = "dev.sglang-builder"
 GROUP_FILES = {"torch": "10-torch.txt", "kernels": "20-kernels.txt", "sglang": "30-sglang.txt"}
@@ -182,6 +184,8 @@ def render_stack(stack: Stack, project: Project, resolution_of: ResolutionSource
         context=context,
         venv=VENV,
         wheels={"context": WHEELS_CONTEXT_DIR, "mount": WHEELS_MOUNT},
+        debs={"context": DEBS_CONTEXT_DIR, "mount": DEBS_MOUNT, "file": deb_listing.DEBS_FILE},
+        tools=TOOLS_DIR,
         site_packages=site_packages(stack),
         groups=[{"name": g, "file": GROUP_FILES[g], "title": GROUP_TITLES[g]} for g in GROUP_ORDER],
         patches=patches,
@@ -195,6 +199,10 @@ def render_stack(stack: Stack, project: Project, resolution_of: ResolutionSource
                  compose.template_values(stack))}
     for group in GROUP_ORDER:
         files[f"{context}/requirements/{GROUP_FILES[group]}"] = texts[group]
+    if stack.base.system_packages:
+        locked = resolution.system_packages if resolution else None
+        files[f"{context}/{deb_listing.DEBS_FILE}"] = (deb_listing.listing(locked) if locked
+                                                       else deb_listing.unlocked_listing(stack))
     return files
 
 

@@ -17,7 +17,7 @@ import tarfile
 from pathlib import Path
 
 from builder.engine import host_network
-from builder.image import build, context, layer_diff, render, tags, wheel_cache
+from builder.image import build, context, deb_cache, layer_diff, render, tags, wheel_cache
 from builder.lock import store
 from builder.lock.resolution import base_pin, check_current
 from builder.engine import get_engine
@@ -72,6 +72,7 @@ def verify_stack(stack: Stack, project: Project) -> layer_diff.Comparison:
     progress.stage(f"{stack.name}: two builds from empty storage")
     cache = wheel_cache.WheelCache()
     build.fetch_wheels(stack, resolution, cache, offline=False, progress=progress)  # once, for both builds
+    build.fetch_debs(stack, resolution, deb_cache.DebCache(), offline=False, progress=progress)
     workdir = _scratch(root, stack.name)
     dockerfile = build.stage_context(inputs, root, resolution, cache, workdir / "context")
     request = build.build_request(stack, workdir / "context", dockerfile, tags.candidate_tag(stack, inputs.hash),
@@ -167,6 +168,7 @@ def verify_against_lock(matrix: Matrix, name: str, local_base: bool) -> layer_di
                        f"{image.image_id} (made by {locked_by})")
         cache = wheel_cache.WheelCache()
         build.fetch_wheels(stack, resolution, cache, offline=False, progress=progress)
+        build.fetch_debs(stack, resolution, deb_cache.DebCache(), offline=False, progress=progress)
         dockerfile = build.stage_context(inputs, export, resolution, cache, workdir / "context")
         request = build.build_request(stack, workdir / "context", dockerfile, tags.candidate_tag(stack, inputs.hash),
                                       True, progress)

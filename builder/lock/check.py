@@ -17,9 +17,10 @@ from typing import Callable, Protocol
 
 from builder.config.stack import Stack
 from builder.errors import UserError
-from builder.lock import store
-from builder.lock.model import STATUS_PINNED, ImageRecord
+from builder.lock import deb_listing, store
+from builder.lock.model import STATUS_PINNED, ImageRecord, Resolution
 from builder.lock.resolution import base_pin, pins_hash
+from builder.paths import stack_dir
 
 _FILES_NAMED = 5
 
@@ -50,7 +51,10 @@ def _changed_files(root: Path, image: ImageRecord, inputs: Inputs) -> list[str]:
     return sorted(path for path in recorded.keys() | current.keys() if recorded.get(path) != current.get(path))
 
 
-def _why(root: Path, image: ImageRecord, inputs: Inputs) -> str:
+def _why(stack: Stack, root: Path, image: ImageRecord, inputs: Inputs) -> str:
+    if stack.base.local and image.base.pin and not inputs.base_digest:
+        return (f"the local base's locked packages moved since {image.base.pin} was made; "
+                f"`builder base` makes and records the new one")
     if image.base.pin != inputs.base_digest:
         return f"base digest {image.base.pin or 'unpinned'} -> {inputs.base_digest or 'unpinned'}"
     if image.source_date_epoch != inputs.source_date_epoch:
@@ -60,6 +64,22 @@ def _why(root: Path, image: ImageRecord, inputs: Inputs) -> str:
         more = f" and {len(changed) - _FILES_NAMED} more" if len(changed) > _FILES_NAMED else ""
         return f"changed: {', '.join(changed[:_FILES_NAMED])}{more}"
     return "the Dockerfile or the copied files changed"
+
+
+def _stale_debs(stack: Stack, root: Path, resolution: Resolution) -> str | None:
+    """A row whose system packages the lock does not hold as the matrix asks, or whose rendered list of
+    .debs is not the lock's; None when they agree. (A local base made from other packages shows as a
+    moved base digest: `builder lock` clears the digest when the base's packages move.)"""
+    if stack.base.apt is None:
+        return None
+    locked = resolution.system_packages
+    if tuple(sorted(locked.requested)) != stack.base.apt.packages:
+        return "its system packages are not locked as matrix.toml names them"
+    if not stack.base.system_packages:
+        return None
+    path = root / stack_dir(stack) / deb_listing.DEBS_FILE
+    rendered = path.read_text(encoding="utf-8") if path.is_file() else ""
+    return deb_listing.stale(rendered, locked)
 
 
 def stale_rows(stacks: tuple[Stack, ...], root: Path, path: Path,
@@ -77,6 +97,14 @@ def stale_rows(stacks: tuple[Stack, ...], root: Path, path: Path,
             problems.append(f"{stack.name}: resolved from other pins than matrix.toml has now; "
                             f"run `builder lock --stack {stack.name}`")
             continue
+        if stack.base.apt is not None and found.resolution.system_packages is None:
+            notes.append(f"{stack.name}: wheels locked, system packages not locked (its archive was unreachable "
+                         f"where it was locked); `builder build` refuses it")
+            continue
+        debs = _stale_debs(stack, root, found.resolution)
+        if debs:
+            problems.append(f"{stack.name}: {debs}; run `builder lock --stack {stack.name}` then `builder render`")
+            continue
         image = found.outcome.image
         if image is None:
             notes.append(f"{stack.name}: locked, no image recorded")
@@ -90,5 +118,5 @@ def stale_rows(stacks: tuple[Stack, ...], root: Path, path: Path,
             continue
         what = "pinned image" if found.outcome.status == STATUS_PINNED else "recorded image"
         problems.append(f"{stack.name}: {what} {image.image_id} was built from other inputs than the tree has now "
-                        f"({_why(root, image, inputs)}); rebuild it and commit matrix.lock")
+                        f"({_why(stack, root, image, inputs)}); rebuild it and commit matrix.lock")
     return problems, notes

@@ -15,6 +15,7 @@ import json
 from dataclasses import asdict, dataclass, field, replace
 
 from builder.engine.identity import EngineIdentity
+from builder.lock.system_packages import SystemPackages
 
 DEFAULT_INDEX = "default index"  # a distribution's `source` when it comes from pip's default index (or a mirror)
 
@@ -119,6 +120,9 @@ class Resolution:
     base: LockedBase
     source_date_epoch: int
     distributions: tuple[Distribution, ...]  # sorted by name
+    # The .debs: the local base's whole root, or what a row adds to its registry base. None: the row
+    # names none, or its archive was unreachable where it was locked (its build is refused).
+    system_packages: SystemPackages | None = None
 
     @property
     def distributions_hash(self) -> str:
@@ -137,6 +141,7 @@ class Resolution:
             "source_date_epoch": self.source_date_epoch,
             "distributions": {d.name: d.to_dict() for d in self.distributions},
             "distributions_hash": self.distributions_hash,
+            "system_packages": self.system_packages.to_dict() if self.system_packages else None,
         }
 
     @classmethod
@@ -146,6 +151,7 @@ class Resolution:
             data["index_strategy"], tuple(LockedOverride.from_dict(o) for o in data["overrides"]),
             LockedBase.from_dict(data["base"]), int(data["source_date_epoch"]),
             tuple(Distribution.from_dict(name, item) for name, item in sorted(data["distributions"].items())),
+            SystemPackages.from_dict(data["system_packages"]) if data.get("system_packages") else None,
         )
 
 

@@ -14,6 +14,10 @@ from builder.errors import UserError
 from builder.lock import store
 from builder.lock.model import Bench, LockedBase, LockedOverride, LockEntry, Outcome, Resolution
 from builder.lock.resolve import WheelResolution, resolve
+from builder.lock.system_packages import SystemPackages, version_changes
+
+# (AptSpec) -> the row's locked system packages, read from the archive's signed index.
+AptResolver = Callable[..., SystemPackages]
 
 
 def pins_hash(stack: Stack) -> str:
@@ -30,38 +34,47 @@ def stack_base(stack: Stack, digest: str = "") -> LockedBase:
     return LockedBase(stack.base.name, stack.base.image, stack.base.local).pinned_by(digest)
 
 
-def _resolution(stack: Stack, wheels: WheelResolution, base: LockedBase) -> Resolution:
+def _resolution(stack: Stack, wheels: WheelResolution, base: LockedBase,
+                system: SystemPackages | None) -> Resolution:
     overrides = tuple(LockedOverride(o.package, stack.package(o.package).version, o.declared_by, o.declared, o.reason)
                       for o in stack.overrides)
     return Resolution(stack.name, pins_hash(stack), wheels.python, wheels.platform, wheels.indexes,
-                      wheels.index_strategy, overrides, base, stack.source_date_epoch, wheels.distributions)
+                      wheels.index_strategy, overrides, base, stack.source_date_epoch, wheels.distributions, system)
 
 
 def lock_stacks(
     stacks: tuple[Stack, ...] | list[Stack],
     path: Path,
     base_resolver: Callable[[str], str],
+    apt_resolver: AptResolver,
     resolver: Callable[[Stack], WheelResolution] = resolve,
     references: dict[str, list[dict]] | None = None,
 ) -> list[str]:
-    """Resolve every stack and its registry base's digest (`base_resolver`: image -> manifest digest),
-    then record them all in one write: one unreachable index or registry and nothing is written. An
-    image built from the same distributions on the same base keeps its record; otherwise the entry
-    starts over at `resolved`. Returns a line per stack for the user."""
+    """Resolve every stack, its registry base's digest (`base_resolver`: image -> manifest digest) and
+    its system packages (`apt_resolver`), then record them all in one write: one unreachable index,
+    archive or registry and nothing is written. An image built from the same distributions and .debs on
+    the same base keeps its record; otherwise the entry starts over at `resolved`. A local base whose
+    packages moved loses its digest (`builder base` makes and records the new one). Returns a line per
+    stack for the user, with each system package whose version moved."""
     resolved = [(stack, resolver(stack)) for stack in stacks]
     digests = _registry_base_digests(stacks, base_resolver)
+    system = _system_packages(stacks, apt_resolver)
     lines: list[str] = []
 
     def change(lock: store.LockFile) -> None:
         for stack, wheels in resolved:
             previous = lock.get(stack.name)
+            debs = system.get(stack.name)
+            same_debs = previous is not None and previous.resolution.system_packages == debs
             base = stack_base(stack, digests.get(stack.base.image, ""))
-            if stack.base.local and previous and previous.resolution.base.same_base(base):
-                base = previous.resolution.base  # what `builder base` made and recorded
-            fresh = _resolution(stack, wheels, base)
+            if stack.base.local and previous and previous.resolution.base.same_base(base) and same_debs:
+                base = previous.resolution.base  # what `builder base` made from these packages and recorded
+            if debs is not None and not same_debs:
+                lines.extend(_moved_lines(stack, previous.resolution.system_packages if previous else None, debs))
+            fresh = _resolution(stack, wheels, base, debs)
             unchanged = previous is not None \
                 and previous.resolution.distributions_hash == fresh.distributions_hash \
-                and previous.resolution.base == fresh.base
+                and previous.resolution.base == fresh.base and same_debs
             references_now = tuple((references or {}).get(stack.name, []))
             if unchanged:
                 outcome = replace(previous.outcome, bench=replace(previous.outcome.bench, reference=references_now))
@@ -88,6 +101,26 @@ def _registry_base_digests(stacks, base_resolver: Callable[[str], str]) -> dict[
     return digests
 
 
+def _system_packages(stacks, apt_resolver: AptResolver) -> dict[str, SystemPackages]:
+    """{row: its locked .debs} for every row whose base names system packages, each archive state read once."""
+    by_spec: dict = {}
+    for stack in stacks:
+        if stack.base.apt is not None and stack.base.apt not in by_spec:
+            try:
+                by_spec[stack.base.apt] = apt_resolver(stack.base.apt)
+            except UserError as error:
+                raise UserError(f"{stack.name}: {error}; nothing was locked") from None
+    return {stack.name: by_spec[stack.base.apt] for stack in stacks if stack.base.apt is not None}
+
+
+def _moved_lines(stack: Stack, old: SystemPackages | None, new: SystemPackages) -> list[str]:
+    """Each system package whose version moved since the last lock (one line when there was none)."""
+    if old is None:
+        return [f"{stack.name}: {len(new.packages)} system packages locked from "
+                f"{', '.join(archive.line for archive in new.archives)}"]
+    return [f"{stack.name}: system package {change}" for change in version_changes(old, new)]
+
+
 def _group_counts(resolution: Resolution) -> str:
     counts = {group: 0 for group in GROUP_ORDER}
     for item in resolution.distributions:
@@ -112,6 +145,9 @@ def check_current(stack: Stack, path: Path) -> LockEntry:
     if found.resolution.pins_hash != pins_hash(stack):
         raise UserError(f"{stack.name}: matrix.lock was resolved from other pins than matrix.toml has now; "
                         f"run `builder lock --stack {stack.name}`")
+    if stack.base.apt is not None and found.resolution.system_packages is None:
+        raise UserError(f"{stack.name}: its system packages are not locked (its archive was unreachable where "
+                        f"it was locked); run `builder lock --stack {stack.name}` where it is reachable")
     return found
 
 

@@ -6,10 +6,13 @@ import argparse
 import os
 from pathlib import Path
 
-from builder.lock.resolution import record_base
-from builder.image.local_base import DEFAULT_PACKAGES, BaseSpec, make_base
 from builder.cli import arguments
 from builder.engine import get_engine
+from builder.image.deb_cache import DebCache
+from builder.image.local_base import DEFAULT_PACKAGES, BaseSpec, check_locked, make_base
+from builder.lock import store
+from builder.lock.resolution import record_base
+from builder.lock.system_packages import SystemPackages
 from builder.errors import UserError
 from builder.config.matrix import Matrix, load_matrix
 from builder.paths import LOCAL_BASE_REPOSITORY, local_base_tag
@@ -21,8 +24,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "base",
         help="build the local Debian base image with mmdebstrap (reproducible)",
-        description="Build a minimal Debian base image with mmdebstrap, bit-for-bit reproducible "
-        "for a given SOURCE_DATE_EPOCH, load it into the engine and print its digest.",
+        description="Build a minimal Debian base image with mmdebstrap from exactly the .deb files "
+        "matrix.lock records (fetched into the cache when missing), with no network, bit-for-bit "
+        "reproducible for a given SOURCE_DATE_EPOCH; load it into the engine and print its digest.",
     )
     parser.add_argument(
         "--matrix", default=DEFAULT_MATRIX,
@@ -42,9 +46,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--tag", default="",
         help=f"image tag (default: {LOCAL_BASE_REPOSITORY}:NAME from the matrix, else :SUITE)",
-    )
-    parser.add_argument(
-        "--mirror", default=None, help="Debian mirror URI (default: apt's default mirror)"
     )
     arguments.add_engine_argument(parser)
     parser.add_argument(
@@ -85,13 +86,11 @@ def spec_from_args(args: argparse.Namespace) -> tuple[BaseSpec, Matrix | None]:
             source_date_epoch=_checked(epoch),
             suite=args.suite or local.get("suite", "bookworm"),
             packages=tuple(local.get("packages", ())) or DEFAULT_PACKAGES,
-            mirror=args.mirror,
             tag=args.tag or local_base_tag(name),
         )
         return spec, matrix
     epoch = _checked(_source_date_epoch(args.source_date_epoch))
-    return BaseSpec(source_date_epoch=epoch, suite=args.suite or "bookworm", mirror=args.mirror,
-                    tag=args.tag), None
+    return BaseSpec(source_date_epoch=epoch, suite=args.suite or "bookworm", tag=args.tag), None
 
 
 def _checked(epoch: int) -> int:
@@ -100,16 +99,36 @@ def _checked(epoch: int) -> int:
     return epoch
 
 
+def locked_packages(matrix: Matrix) -> SystemPackages | None:
+    """The base's packages as `builder lock` recorded them (every row on the local base shares them)."""
+    lock = store.read(matrix.project.lock)
+    for stack in matrix.all_rows():
+        found = lock.get(stack.name) if stack.base.local else None
+        if found is not None and found.resolution.system_packages is not None:
+            return found.resolution.system_packages
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     spec, matrix = spec_from_args(args)
+    if matrix is None:
+        raise UserError("builder base builds from the .debs matrix.lock records: run it beside matrix.toml, or "
+                        "name one with --matrix")
     engine = None if args.no_load else get_engine(args.engine)
+    make_and_record(spec, matrix, args.output, engine, args.check_reproducible)
+    return 0
+
+
+def make_and_record(spec: BaseSpec, matrix: Matrix, output: Path, engine, check_reproducible: bool = False) -> str:
+    """Make the base from the lock's .debs, load it, record its digest for the rows on it; returns it."""
+    locked = check_locked(spec, locked_packages(matrix))
     if engine is not None:
         engine.check()
-    result = make_base(spec, args.output, engine=engine, check_reproducible=args.check_reproducible)
+    result = make_base(spec, output, locked, DebCache(), engine=engine, check_reproducible=check_reproducible)
     print(f"base {result.tag}: {result.image_id}")
     print(f"  archive {result.archive} (layer {result.rootfs_sha256}, {result.rootfs_bytes} bytes)")
-    if matrix is not None and engine is not None:
+    if engine is not None:
         stacks = record_base(matrix.local_base["name"], result.image_id, matrix.project.lock)
         if stacks:
             print(f"  recorded in the lock for: {', '.join(stacks)}")
-    return 0
+    return result.image_id

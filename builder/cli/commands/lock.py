@@ -1,14 +1,20 @@
-"""`builder lock`: resolve stack pins to hashed distributions in matrix.lock; `--check` says whether the
-lock still describes what the tree builds."""
+"""`builder lock`: resolve stack pins to hashed distributions and system packages in matrix.lock;
+`--check` says whether the lock still describes what the tree builds."""
 
+import os
 import sys
 
 from builder.cli import arguments
+from builder.cli.commands import base
 from builder.config import reference_figures
+from builder.engine import get_engine
 from builder.image import context
+from builder.image.local_base import BaseSpec
 from builder.lock import check as lock_check
-from builder.lock.resolution import lock_stacks
-from builder.publish import base_digest
+from builder.lock import store
+from builder.lock.resolution import base_pin, lock_stacks
+from builder.paths import local_base_tag
+from builder.publish import base_digest, debian_archive
 
 
 def register(subparsers) -> None:
@@ -18,6 +24,9 @@ def register(subparsers) -> None:
     parser.add_argument("--check", action="store_true",
                         help="resolve nothing; exit 1 naming each row whose recorded image or resolution "
                              "no longer matches the tree's inputs")
+    parser.add_argument("--no-base", action="store_true",
+                        help="when the local base's packages moved, do not make it again (`builder base` does, "
+                             "and records its digest)")
     parser.set_defaults(func=run)
 
 
@@ -28,9 +37,35 @@ def run(args) -> int:
     if args.check:
         return check(stacks, matrix)
     figures = reference_figures.load(matrix.project.reference_figures, stacks=matrix.all_rows())
-    for line in lock_stacks(stacks, path=matrix.project.lock, base_resolver=base_digest.resolve, references=figures):
+    before = _local_base_digest(stacks, matrix.project.lock)
+    for line in lock_stacks(stacks, path=matrix.project.lock, base_resolver=base_digest.resolve,
+                            apt_resolver=debian_archive.resolve, references=figures):
         print(line)
+    if before is not None and _local_base_digest(stacks, matrix.project.lock) == "":
+        _remake_base(matrix, before, args.no_base)
     return 0
+
+
+def _local_base_digest(stacks, path) -> str | None:
+    """The image id the lock records for the local base (None: no selected row is on it)."""
+    lock = store.read(path)
+    for stack in stacks:
+        if stack.base.local:
+            found = lock.get(stack.name)
+            return base_pin(stack, found.resolution if found else None)
+    return None
+
+
+def _remake_base(matrix, before: str, skip: bool) -> None:
+    """The base's packages moved (or were never made): its new digest, made from the new lock."""
+    name = matrix.local_base["name"]
+    if skip or os.geteuid() != 0:
+        print(f"{name} base: no digest for its locked packages; run `builder base` to make it and record it")
+        return
+    spec = BaseSpec(source_date_epoch=matrix.source_date_epoch, suite=matrix.local_base["suite"],
+                    packages=tuple(matrix.local_base["packages"]), tag=local_base_tag(name))
+    digest = base.make_and_record(spec, matrix, matrix.project.root / "build" / "base", get_engine("buildah"))
+    print(f"{name} base: {before or 'none'} -> {digest}")
 
 
 def check(stacks, matrix) -> int:
