@@ -25,8 +25,23 @@ _ARCH = re.compile(r"^\d{1,2}\.\d$")
 
 @cache
 def compat_data() -> dict:
+    """The hand-kept facts, with the generated ones (compat_refresh) added where none is hand-kept."""
     with open(Path(__file__).with_name("compat_data.toml"), "rb") as handle:
-        return tomllib.load(handle)
+        data = tomllib.load(handle)
+    data["wheel_glibc"] = {}
+    generated = Path(__file__).with_name("compat_generated.toml")
+    if generated.is_file():
+        with open(generated, "rb") as handle:
+            facts = tomllib.load(handle).get("facts", {})
+        for key, fact in facts.items():
+            name, _, version = key.partition("==")
+            data["wheel_tags"].setdefault(name, {}).setdefault(version, fact["wheel_tags"])
+            data["declared"].setdefault(key, fact.get("declared", {}))
+            if fact.get("cuda"):
+                data["default_index_cuda"].setdefault(name, {}).setdefault(version, fact["cuda"])
+            if fact.get("glibc"):
+                data["wheel_glibc"].setdefault(name, {})[version] = fact["glibc"]
+    return data
 
 
 def _major_minor(version: str) -> tuple[int, int]:
@@ -51,6 +66,15 @@ def package_cuda(stack: Stack, name: str) -> str | None:
     if tagged or package.index or package.url:
         return tagged
     return compat_data()["default_index_cuda"].get(name, {}).get(str(version))
+
+
+def resolver_glibc_minor(stack: Stack, floor: int) -> int:
+    """The manylinux glibc minor to resolve the stack's wheels for: `floor`, or the newest one a
+    pinned default-index wheel needs (sglang 0.5.23 ships manylinux_2_34 only). Both bases run newer
+    glibc (Debian bookworm 2.36, Ubuntu 24.04 2.39)."""
+    needed = [int(glibc.split(".")[1]) for package in stack.packages if not (package.index or package.url)
+              if (glibc := compat_data()["wheel_glibc"].get(package.name, {}).get(package.parsed_version.public))]
+    return max([floor, *needed])
 
 
 def torch_matches_cuda(stack: Stack) -> list[Problem]:

@@ -1,0 +1,169 @@
+"""pip's default index through the PEP 691 simple JSON API: a project's versions and files (name,
+size, sha256), and a wheel's core metadata read from the wheel itself by range requests (the index
+serves no separate .metadata files).
+
+The index is pip's own default (or PIP_INDEX_URL), never a host name written here.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from email.parser import Parser
+from functools import cached_property
+
+import requests
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+from packaging.version import InvalidVersion, Version
+
+from builder.bump import remote_zip
+from builder.errors import UserError
+
+_JSON = "application/vnd.pypi.simple.v1+json"
+TIMEOUT_S = 60
+
+
+def default_index_url() -> str:
+    """PIP_INDEX_URL when set, else pip's built-in default simple index."""
+    configured = os.environ.get("PIP_INDEX_URL")
+    if configured:
+        return configured.rstrip("/") + "/"
+    from pip._internal.models.index import PyPI  # pip's own constant: the host is never typed here
+
+    return PyPI.simple_url.rstrip("/") + "/"
+
+
+@dataclass(frozen=True)
+class IndexFile:
+    filename: str
+    url: str
+    size: int
+    sha256: str
+    yanked: bool
+
+    @property
+    def is_wheel(self) -> bool:
+        return self.filename.endswith(".whl")
+
+    @cached_property
+    def wheel_tags(self):
+        return parse_wheel_filename(self.filename)[3]
+
+    @property
+    def linux_x86_64(self) -> bool:
+        return any(t.platform == "any" or (t.platform.startswith("manylinux") and t.platform.endswith("_x86_64"))
+                   or t.platform == "linux_x86_64" for t in self.wheel_tags)
+
+
+@dataclass(frozen=True)
+class Project:
+    name: str
+    files: tuple[IndexFile, ...]
+    index: str
+
+    def versions(self) -> list[Version]:
+        found = set()
+        for file in self.files:
+            if not file.is_wheel:
+                continue
+            try:
+                found.add(parse_wheel_filename(file.filename)[1])
+            except (InvalidWheelFilename, InvalidVersion):
+                continue
+        return sorted(found)
+
+    def wheels(self, version: str) -> list[IndexFile]:
+        """The release's linux x86_64 (or pure) wheels, not yanked."""
+        wanted = Version(version)
+        out = []
+        for file in self.files:
+            if not file.is_wheel or file.yanked:
+                continue
+            try:
+                name, found, _, _ = parse_wheel_filename(file.filename)
+            except (InvalidWheelFilename, InvalidVersion):
+                continue
+            if found == wanted and file.linux_x86_64:
+                out.append(file)
+        return sorted(out, key=lambda f: f.filename)
+
+
+class Index:
+    """One session over one simple index; projects are fetched once."""
+
+    def __init__(self, url: str | None = None, session: requests.Session | None = None):
+        self.url = (url or default_index_url()).rstrip("/") + "/"
+        self.session = session or requests.Session()
+        self._projects: dict[str, Project | None] = {}
+        self._metadata: dict[str, str] = {}
+
+    @property
+    def label(self) -> str:
+        return "pip's default index" if self.url == default_index_url() else self.url
+
+    def project(self, name: str) -> Project | None:
+        """The project's files, None when the index has no such project (404)."""
+        name = canonicalize_name(name)
+        if name not in self._projects:
+            try:
+                response = self.session.get(f"{self.url}{name}/", headers={"Accept": _JSON}, timeout=TIMEOUT_S)
+            except requests.RequestException as error:
+                raise UserError(f"cannot reach {self.label} for {name} ({type(error).__name__})") from None
+            if response.status_code == 404:
+                self._projects[name] = None
+            elif response.status_code != 200 or _JSON not in response.headers.get("Content-Type", ""):
+                raise UserError(f"{self.label} answered HTTP {response.status_code} "
+                                f"({response.headers.get('Content-Type', 'no type')}) for {name}")
+            else:
+                data = response.json()
+                files = tuple(IndexFile(f["filename"], f["url"], int(f.get("size") or 0),
+                                        f.get("hashes", {}).get("sha256", ""), bool(f.get("yanked")))
+                              for f in data.get("files", []))
+                self._projects[name] = Project(name, files, self.url)
+        return self._projects[name]
+
+    def require(self, name: str, version: str) -> Project:
+        """The project, refusing an unknown package or a version with no linux x86_64 wheel."""
+        project = self.project(name)
+        if project is None:
+            raise UserError(f"unknown package {name}: {self.label} has no such project")
+        try:
+            Version(version)
+        except InvalidVersion:
+            raise UserError(f"{name}: {version!r} is not a valid version") from None
+        if not project.wheels(version):
+            latest = project.versions()[-1:] or ["none"]
+            raise UserError(f"{name} {version} does not exist on {self.label} as a linux x86_64 wheel "
+                            f"(newest: {latest[0]})")
+        return project
+
+    def metadata(self, file: IndexFile) -> str:
+        if file.url not in self._metadata:
+            self._metadata[file.url] = remote_zip.metadata(file.url, file.size, self.session)
+        return self._metadata[file.url]
+
+
+def requirements(metadata_text: str) -> list[Requirement]:
+    """Requires-Dist of a METADATA text (unparseable lines skipped: they cannot constrain a pin)."""
+    message = Parser().parsestr(metadata_text, headersonly=True)
+    out = []
+    for line in message.get_all("Requires-Dist") or []:
+        try:
+            out.append(Requirement(line))
+        except InvalidRequirement:
+            continue
+    return out
+
+
+def applies(requirement: Requirement, pythons: tuple[str, ...]) -> bool:
+    """Does the requirement (no extra asked for) apply on linux x86_64 for any of the pythons?"""
+    if requirement.marker is None:
+        return True
+    for python in pythons:
+        environment = {"sys_platform": "linux", "platform_system": "Linux", "platform_machine": "x86_64",
+                       "python_version": python, "python_full_version": f"{python}.0",
+                       "os_name": "posix", "implementation_name": "cpython", "extra": ""}
+        if requirement.marker.evaluate(environment):
+            return True
+    return False
