@@ -173,8 +173,8 @@ def bump(matrix_path: str, pins: list[str], from_stack: str, name: str | None = 
                   "Not known-good: only build, smoke and bench on GPUs promote it."])
     new_text = stack_text.insert_after(matrix.path.read_text(encoding="utf-8"), from_stack, block)
     _write_matrix(matrix, new_text, written)
-    record["compare_rows"] = [r["compare_local"] for r in record["rows"] if not r["refused"]] + \
-                             [r["candidate"] + LOCAL_SUFFIX for r in record["rows"] if not r["refused"]]
+    record["compare_rows"] = list(dict.fromkeys([r["compare_local"] for r in record["rows"] if not r["refused"]] +
+                                                [r["candidate"] + LOCAL_SUFFIX for r in record["rows"] if not r["refused"]]))
     out_lines = [f"wrote {candidate} into {matrix.path.name} after {from_stack}"]
     out_lines += [f"wrote {path.relative_to(matrix.root)}/series" for path in written]
     if lock:

@@ -91,9 +91,10 @@ def torch_matches_cuda(stack: Stack) -> list[Problem]:
 
 
 def kernels_match_cuda(stack: Stack) -> list[Problem]:
-    """sgl-kernel and flashinfer-jit-cache link one CUDA major's libraries (libcudart.so.12 or .13)."""
+    """sgl-kernel (sglang-kernel from sglang 0.5.10 on) and flashinfer-jit-cache link one CUDA major's
+    libraries (libcudart.so.12 or .13)."""
     problems = []
-    for name in ("sgl-kernel", "flashinfer-jit-cache"):
+    for name in ("sgl-kernel", "sglang-kernel", "flashinfer-jit-cache"):
         package = stack.package(name)
         if not package:
             continue

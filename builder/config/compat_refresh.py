@@ -30,6 +30,7 @@ PYTHONS = ("3.11", "3.12")
 TORCH_EXTENSIONS = ("sgl-kernel", "sglang-kernel")
 _MANYLINUX = re.compile(r"^manylinux_(\d+)_(\d+)_x86_64$")
 _LEGACY = {"manylinux1_x86_64": (2, 5), "manylinux2010_x86_64": (2, 12), "manylinux2014_x86_64": (2, 17)}
+_DESCRIBED_TORCH = re.compile(r"^Requires torch ?== ?([0-9][0-9a-z.+]*)\s*$", re.MULTILINE)
 _CUDA_TOOLKIT = re.compile(r"^(\d+)\.(\d+)")
 _CUDA_RUNTIME_NAMES = ("cuda-toolkit", "nvidia-cuda-runtime-cu12", "nvidia-cuda-runtime-cu13", "nvidia-cuda-runtime")
 
@@ -90,7 +91,8 @@ def derive(name: str, version: str, index: Index, known: dict[str, "Facts"] | No
     glibc = "%d.%d" % min(glibcs) if glibcs else ""
     # Any one wheel's METADATA: a release declares the same requirements in each (markers differ, not pins).
     chosen = wheels[0]
-    requirements_list = [r for r in requirements(index.metadata(chosen)) if applies(r, PYTHONS)]
+    metadata_text = index.metadata(chosen)
+    requirements_list = [r for r in requirements(metadata_text) if applies(r, PYTHONS)]
     declared, extras = {}, {}
     for requirement in requirements_list:
         other = canonicalize_name(requirement.name)
@@ -98,19 +100,28 @@ def derive(name: str, version: str, index: Index, known: dict[str, "Facts"] | No
             declared[other] = str(requirement.specifier)
         if requirement.extras:
             extras[other] = tuple(sorted(requirement.extras))
-    cuda, cuda_source = _cuda(name, requirements_list, index, known or {})
+    cuda, cuda_source = _cuda(name, requirements_list, metadata_text, index, known if known is not None else {})
     return Facts(name, str(version), f"{index.label}: {chosen.filename} (sha256 {chosen.sha256})",
                  tuple(tags), glibc, declared, extras, cuda, cuda_source)
 
 
-def _cuda(name: str, requirements_list, index: Index, known: dict[str, Facts]) -> tuple[str, str]:
+def _described_torch(metadata_text: str) -> str | None:
+    """The torch a kernel wheel's description says it requires ("Requires torch == 2.9.1"): sglang-kernel
+    0.4.1 states it there, not in Requires-Dist."""
+    match = _DESCRIBED_TORCH.search(metadata_text)
+    return match.group(1) if match else None
+
+
+def _cuda(name: str, requirements_list, metadata_text: str, index: Index,
+          known: dict[str, Facts]) -> tuple[str, str]:
     by_name = {canonicalize_name(r.name): r for r in requirements_list}
     for runtime in _CUDA_RUNTIME_NAMES:
         requirement = by_name.get(runtime)
         pinned = _exact(requirement)
         if pinned and (match := _CUDA_TOOLKIT.match(pinned)):
             return f"{match.group(1)}.{match.group(2)}", f"requires {requirement}"
-    if name in TORCH_EXTENSIONS and (torch := _exact(by_name.get("torch"))):
+    torch = (_exact(by_name.get("torch")) or _described_torch(metadata_text)) if name in TORCH_EXTENSIONS else None
+    if torch:
         facts = known.get(f"torch=={torch}") or derive("torch", torch, index)
         known[facts.key] = facts
         if facts.cuda:
