@@ -80,7 +80,8 @@ class Planner:
         while queue and not plan.refused:
             declarer = plan.packages[queue.pop(0)]
             facts = self.facts_of(declarer.name, declarer.version)
-            for name, specifier in sorted(facts.declared.items()):
+            # torch first: its CUDA build decides whether the row can exist at all.
+            for name, specifier in sorted(facts.declared.items(), key=lambda item: (item[0] != "torch", item[0])):
                 declared_now.add(name)
                 pinned = plan.packages.get(name)
                 exact = _exact(specifier)

@@ -92,6 +92,7 @@ def bump(matrix_path: str, pins: list[str], from_stack: str, name: str | None = 
     for package, version in bumps.items():
         index.require(package, version)
     candidate = _candidate_name(from_stack, rows, bumps, name)
+    _check_name(matrix, candidate, [])
     command = shlex.join(["builder", "bump", *pins, "--from", from_stack] + (["--name", name] if name else []))
     facts = compat_refresh.load()
     planner = Planner(bumps, index, facts)
@@ -170,7 +171,10 @@ def bump(matrix_path: str, pins: list[str], from_stack: str, name: str | None = 
         target_arch=old.target_arch, patched=patched, common=common, overrides=record["overrides"], axes=axes,
         copied=stack_text.copied_sections(lines[start:end]),
         preamble=[f"Candidate written by `{command}`; report: {report_path.relative_to(matrix.root)}.",
-                  "Not known-good: only build, smoke and bench on GPUs promote it."])
+                  "Not known-good: only build, smoke and bench on GPUs promote it.",
+                  *[f"{v['verdict'].upper()}: {v['distribution']} {v['name']} (patches/{v['distribution']}/"
+                    f"{v['old_version']}/{v['name']}; not applied here; the report shows why)"
+                    for v in record["verdicts"] if v["verdict"] != patch_verdict.CARRIED]])
     new_text = stack_text.insert_after(matrix.path.read_text(encoding="utf-8"), from_stack, block)
     _write_matrix(matrix, new_text, written)
     record["compare_rows"] = list(dict.fromkeys([r["compare_local"] for r in record["rows"] if not r["refused"]] +
@@ -241,3 +245,11 @@ def report(matrix_path: str, candidate: str) -> Outcome:
         raise UserError(f"no bump record {path.with_suffix('.json')}: run `builder bump` first") from None
     _write_report(record, matrix, path)
     return Outcome(candidate, path, path.read_text(encoding="utf-8"), ())
+
+
+def default_index_rows(matrix_path: str, candidate: str) -> list[str]:
+    """The candidate's rows on the local base whose every pin comes from the default index: the rows a
+    runner with no other source, or this machine, can build."""
+    matrix = load_matrix(matrix_path)
+    return [row.name for row in matrix.local_stacks
+            if row.family == candidate and all(not (p.index or p.url) for p in row.packages)]
