@@ -193,3 +193,53 @@ def test_bump_workflow_bumps_when_newer_builds_default_index_rows_and_proposes_o
         assert steps[index]["if"] in ("steps.newer.outputs.pin != ''", "steps.bump.outputs.default_index_rows != ''")
     assert "gh pr edit" in runs[order[-1]] and "--body-file" in runs[order[-1]]
     assert "git add matrix.toml matrix.lock images/ patches/" in runs[order[-1]]
+
+
+def _cli(clone: Path, *args: str, env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "builder.cli", *args], capture_output=True, text=True,
+                          cwd=clone, env=env)
+
+
+@pytest.mark.network
+def test_near_bump_writes_a_candidate_beside_the_old_stack_locked_rendered_and_checked(tmp_path):
+    """sglang 0.5.10 in a clone: the CUDA 13 row is refused (sglang-kernel 0.4.1 is a CUDA 12 build),
+    the CUDA 12.8 row is written, every patch carried; render --check, lock --check and patches check
+    pass, and the committed stacks and their lock entries are as they were."""
+    import os
+
+    from builder.config.matrix import load_matrix
+    from builder.lock import store
+
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "--quiet", str(REPO), str(clone)], check=True)
+    facts = tmp_path / "facts.toml"
+    env = {**os.environ, "BUILDER_COMPAT_FACTS": str(facts)}
+    before_rows = load_matrix(clone / "matrix.toml").all_rows()
+    before_lock = store.read(clone / "matrix.lock")
+
+    result = _cli(clone, "bump", "sglang==0.5.10", "--from", "sglang-0.5.9", env=env)
+    assert result.returncode == 0, result.stderr
+    assert "wrote sglang-0.5.10 into matrix.toml after sglang-0.5.9" in result.stdout
+    assert "sglang-0.5.10-cu128-local: resolved" in result.stdout
+    report = (clone / "build-reports/bump-sglang-0.5.10.md").read_text()
+    assert report in result.stdout
+    assert "- **sglang-0.5.9-cu130: refused.** sglang-kernel 0.4.1 on the default index is a CUDA 12 build" in report
+    assert "sgl-kernel -> sglang-kernel is a rename: both wheels install sgl_kernel/" in report
+    assert report.count("**carried**") == 3
+
+    os.environ.setdefault("BUILDER_COMPAT_FACTS", str(facts))
+    after = load_matrix(clone / "matrix.toml")
+    assert [row for row in after.all_rows() if row.family == "sglang-0.5.9"] == list(before_rows)
+    candidate = after.stack("sglang-0.5.10-cu128")
+    assert candidate.package("sglang-kernel").version == "0.4.1" and candidate.package("sgl-kernel") is None
+    assert candidate.replaces == "sglang-0.5.9-cu128" and candidate.patched == ("sglang", "flashinfer-python")
+    assert not candidate.overrides  # 0.5.10's own flashinfer pin holds: nothing is contradicted
+    lock = store.read(clone / "matrix.lock")
+    assert {name: lock.get(name) for name in before_lock.stacks} == before_lock.stacks
+    assert lock.get("sglang-0.5.10-cu128-local").outcome.status == "resolved"  # never known-good by bumping
+
+    for command in (["render", "--check"], ["lock", "--check"], ["patches", "check"]):
+        checked = _cli(clone, *command, env=env)
+        assert checked.returncode == 0, (command, checked.stdout, checked.stderr)
+    again = _cli(clone, "bump", "sglang==0.5.10", "--from", "sglang-0.5.9", env=env)
+    assert again.returncode == 2 and "already taken" in again.stderr

@@ -80,6 +80,10 @@ class Planner:
         while queue and not plan.refused:
             declarer = plan.packages[queue.pop(0)]
             facts = self.facts_of(declarer.name, declarer.version)
+            for name, extras in sorted(facts.extras.items()):
+                if name in PACKAGE_GROUPS:
+                    plan.decisions.append(f"{declarer.name} {declarer.version} asks for {name}[{','.join(extras)}]: "
+                                          "the resolution installs what the extra adds")
             # torch first: its CUDA build decides whether the row can exist at all.
             for name, specifier in sorted(facts.declared.items(), key=lambda item: (item[0] != "torch", item[0])):
                 declared_now.add(name)
@@ -101,7 +105,21 @@ class Planner:
                     break
         if not plan.refused:
             self._drop_or_follow(plan, row, declared_now)
+            self._renames(plan, row)
         return plan
+
+    def _renames(self, plan: RowPlan, row: Stack) -> None:
+        """A distribution that went and one that came installing the same import package: a rename
+        (sgl-kernel -> sglang-kernel both install sgl_kernel/), with the wheels' file lists as evidence."""
+        gone = [p for p in row.packages if p.name not in plan.packages]
+        came = [p for n, p in plan.packages.items() if row.package(n) is None]
+        for old in gone:
+            old_packages = self.index.top_level(old.name, old.parsed_version.public)
+            for new in came:
+                shared = old_packages & self.index.top_level(new.name, new.version)
+                if shared:
+                    plan.decisions.append(f"{old.name} -> {new.name} is a rename: both wheels install "
+                                          f"{', '.join(sorted(f'{p}/' for p in shared))} (their file lists on the default index)")
 
     def _drop_or_follow(self, plan: RowPlan, row: Stack, declared_now: set[str]) -> None:
         old_declared = self.declared_by_old(row)

@@ -138,6 +138,17 @@ class Index:
                             f"(newest: {latest[0]})")
         return project
 
+    def top_level(self, name: str, version: str) -> set[str]:
+        """The import packages a release's wheel installs (its top-level folders, .dist-info and .data
+        left out), from the wheel's central directory."""
+        project = self.project(name)
+        wheels = project.wheels(version) if project else []
+        if not wheels:
+            return set()
+        with remote_zip.open_wheel(wheels[0].url, wheels[0].size, self.session) as wheel:
+            return {entry.split("/", 1)[0] for entry in wheel.namelist() if "/" in entry
+                    and not entry.split("/", 1)[0].endswith((".dist-info", ".data"))}
+
     def metadata(self, file: IndexFile) -> str:
         if file.url not in self._metadata:
             self._metadata[file.url] = remote_zip.metadata(file.url, file.size, self.session)

@@ -6,6 +6,7 @@ message). Facts about published wheels live in compat_data.toml, not in code.
 
 from __future__ import annotations
 
+import os
 import re
 import tomllib
 from functools import cache
@@ -23,13 +24,18 @@ _CUDA_LOCAL_TAG = re.compile(r"^cu(\d{2,3})$")
 _ARCH = re.compile(r"^\d{1,2}\.\d$")
 
 
+def generated_facts_path() -> Path:
+    """compat_generated.toml beside this module; BUILDER_COMPAT_FACTS points elsewhere (tests, scratch bumps)."""
+    return Path(os.environ.get("BUILDER_COMPAT_FACTS") or Path(__file__).with_name("compat_generated.toml"))
+
+
 @cache
 def compat_data() -> dict:
     """The hand-kept facts, with the generated ones (compat_refresh) added where none is hand-kept."""
     with open(Path(__file__).with_name("compat_data.toml"), "rb") as handle:
         data = tomllib.load(handle)
     data["wheel_glibc"] = {}
-    generated = Path(__file__).with_name("compat_generated.toml")
+    generated = generated_facts_path()
     if generated.is_file():
         with open(generated, "rb") as handle:
             facts = tomllib.load(handle).get("facts", {})

@@ -21,5 +21,5 @@ def run_refresh(args) -> int:
         print(f"{facts.key}: tags {', '.join(facts.wheel_tags)}"
               f"{', glibc ' + facts.glibc if facts.glibc else ''}{cuda}; {len(facts.declared)} declared "
               f"requirements; from {facts.source}")
-    print(f"wrote {compat_refresh.GENERATED}")
+    print(f"wrote {compat_refresh.generated_facts_path()}")
     return 0
