@@ -139,15 +139,15 @@ class Index:
         return project
 
     def top_level(self, name: str, version: str) -> set[str]:
-        """The import packages a release's wheel installs (its top-level folders, .dist-info and .data
-        left out), from the wheel's central directory."""
+        """The import packages a release's wheel installs (top-level folders holding an __init__.py),
+        from the wheel's central directory."""
         project = self.project(name)
         wheels = project.wheels(version) if project else []
         if not wheels:
             return set()
         with remote_zip.open_wheel(wheels[0].url, wheels[0].size, self.session) as wheel:
-            return {entry.split("/", 1)[0] for entry in wheel.namelist() if "/" in entry
-                    and not entry.split("/", 1)[0].endswith((".dist-info", ".data"))}
+            return {entry.split("/", 1)[0] for entry in wheel.namelist() if entry.count("/") == 1
+                    and entry.endswith("/__init__.py")}
 
     def metadata(self, file: IndexFile) -> str:
         if file.url not in self._metadata:
