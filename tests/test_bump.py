@@ -244,3 +244,34 @@ def test_near_bump_writes_a_candidate_beside_the_old_stack_locked_rendered_and_c
         assert checked.returncode == 0, (command, checked.stdout, checked.stderr)
     again = _cli(clone, "bump", "sglang==0.5.10", "--from", "sglang-0.5.9", env=env)
     assert again.returncode == 2 and "already taken" in again.stderr
+
+
+@pytest.mark.network
+def test_far_bump_refuses_the_cuda_12_8_row_and_writes_the_cuda_13_one_with_its_patches_marked(tmp_path):
+    """sglang 0.5.23: torch 2.14.1's default-index build is CUDA 13.0, so the 12.8 row goes; the 13.0 row
+    takes every wheel from the default index; no patch is carried, and the matrix says which and why."""
+    import os
+
+    from builder.config.matrix import load_matrix
+
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "--quiet", str(REPO), str(clone)], check=True)
+    facts = tmp_path / "facts.toml"
+    env = {**os.environ, "BUILDER_COMPAT_FACTS": str(facts)}
+    result = _cli(clone, "bump", "sglang==0.5.23", "--from", "sglang-0.5.9", "--no-lock", env=env)
+    assert result.returncode == 0, result.stderr
+    report = (clone / "build-reports/bump-sglang-0.5.23.md").read_text()
+    assert "- **sglang-0.5.9-cu128: refused.** torch 2.14.1 on the default index is a CUDA 13.0 build" in report
+    assert "| `torch` | 2.9.1+cu130 | 2.14.1 | default index |" in report
+    assert "sglang 0.5.23 asks for flashinfer-python[cu13]" in report
+    assert report.count("**needs porting**") == 2 and report.count("**dropped**") == 1
+    assert "serve modes baseline-fusion, eagle3-fusion give patches as their reason" in report
+    matrix_text = (clone / "matrix.toml").read_text()
+    assert "# NEEDS PORTING: sglang 0001-torch-symm-mem-sm120.patch" in matrix_text
+    assert "# DROPPED: flashinfer-python 0001-trtllm-comm-sm120.patch" in matrix_text
+    os.environ.setdefault("BUILDER_COMPAT_FACTS", str(facts))
+    rows = [row for row in load_matrix(clone / "matrix.toml").all_rows() if row.family == "sglang-0.5.23"]
+    assert [row.name for row in rows] == ["sglang-0.5.23-cu130", "sglang-0.5.23-cu130-local"]
+    assert rows[0].patched == () and rows[0].replaces == "sglang-0.5.9-cu130"
+    assert all(not (p.index or p.url) for p in rows[1].packages)  # the default-index row this host builds
+    assert not (clone / "patches/sglang/0.5.23").exists()  # nothing carried, nothing pretends to apply

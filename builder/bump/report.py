@@ -90,7 +90,8 @@ def markdown(record: dict, root: Path, lock_path: Path) -> str:
                 *verdict["evidence"], "```", ""]
     out += ["## Compatibility decisions", ""]
     for row in record["rows"]:
-        out += [f"- {row['old']}: {decision}" for decision in row["decisions"]]
+        if not row["refused"]:
+            out += [f"- {row['old']}: {decision}" for decision in row["decisions"]]
     for override in record["overrides"]:
         out.append(f"- override: `{override['package']}` against `{override['declared_by']}`'s requirement: "
                    f"{override['reason']}")

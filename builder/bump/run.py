@@ -140,6 +140,15 @@ def bump(matrix_path: str, pins: list[str], from_stack: str, name: str | None = 
             else:
                 notes.append(f"{distribution} {new.version}: no patch of its series is carried, so the candidate "
                              "patches nothing there")
+    not_carried = [v["name"] for v in record["verdicts"] if v["verdict"] != patch_verdict.CARRIED]
+    if not_carried:
+        relying = [mode.name for mode in old.serve.modes if any("patch" in r for r in mode.reasons.values())]
+        # A reason may point at another mode's ("as in baseline-fusion").
+        relying += [mode.name for mode in old.serve.modes if mode.name not in relying
+                    and any(f"as in {name}" in r for r in mode.reasons.values() for name in relying)]
+        if relying:
+            notes.append(f"serve modes {', '.join(relying)} give patches as their reason, and the candidate does "
+                         f"not apply {', '.join(not_carried)}: review them before merging")
     for plan in plans:
         row = {"old": plan.old.name, "refused": plan.refused, "decisions": plan.decisions,
                "candidate": f"{candidate}-{plan.axis_value}" if plan.axis_value else candidate,
