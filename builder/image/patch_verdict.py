@@ -17,6 +17,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import zipfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -155,45 +156,58 @@ def _nearest(lines: list[str], hunk: Hunk) -> int | None:
     return None
 
 
-def _moved_to(site_packages: Path, hunk: Hunk) -> list[str]:
-    """Where the hunk's text went when its file left the wheel: the files holding the first of its
-    distinctive lines that any file holds, each with the lines around it."""
-    sources = sorted(site_packages.rglob("*.py"))
+def _moved_to(wheel: Path, hunk: Hunk) -> list[str]:
+    """Where the hunk's text went when its file left the wheel: the wheel's Python files holding the
+    first of its distinctive lines that any file holds, each with the lines around it (read from the
+    archive: unpacking thousands of files costs more than reading them)."""
+    with zipfile.ZipFile(wheel) as archive:
+        sources = {name: archive.read(name).decode("utf-8", errors="replace").splitlines()
+                   for name in sorted(archive.namelist()) if name.endswith(".py")}
     for candidate in hunk.distinctive():
         shown = []
-        for path in sources:
-            lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+        for name, lines in sources.items():
             stripped = [line.strip() for line in lines]
             if candidate not in stripped:
                 continue
             at = stripped.index(candidate)
             start, end = max(0, at - _SHOWN_LINES), min(len(lines), at + _SHOWN_LINES + 1)
-            shown.append(f"    {path.relative_to(site_packages).as_posix()} lines {start + 1}-{end}:")
+            shown.append(f"    {name} lines {start + 1}-{end}:")
             shown += [f"      {number}: {line}" for number, line in enumerate(lines[start:end], start=start + 1)]
         if shown:
             return [f"  `{candidate}` is now in:", *shown[:4 * (2 * _SHOWN_LINES + 2)]]
     return []
 
 
-def _porting_evidence(site_packages: Path, patch_hunks: list[Hunk], problems: tuple[str, ...]) -> list[str]:
+def _porting_evidence(site_packages: Path, wheel: Path, patch_hunks: list[Hunk],
+                      problems: tuple[str, ...]) -> list[str]:
     evidence = [f"GNU patch (strict): {problem}" for problem in problems]
     for hunk in patch_hunks:
         lines = _file_lines(site_packages, hunk.path)
         if lines is None:
             evidence.append(f"{hunk.path} {hunk.header}: the file is not in the new wheel")
-            evidence += _moved_to(site_packages, hunk)
+            evidence += _moved_to(wheel, hunk)
             continue
         if _find_block(lines, hunk.old) is not None:
             continue  # this hunk still fits
         at = _nearest(lines, hunk)
         if at is None:
             evidence.append(f"{hunk.path} {hunk.header}: none of the hunk's old lines is in the new file")
-            evidence += _moved_to(site_packages, hunk)
+            evidence += _moved_to(wheel, hunk)
             continue
         start, end = max(0, at - _SHOWN_LINES), min(len(lines), at + _SHOWN_LINES + 1)
         evidence.append(f"{hunk.path} {hunk.header}: the hunk expects other text; upstream has now (lines {start + 1}-{end}):")
         evidence += [f"    {number}: {line}" for number, line in enumerate(lines[start:end], start=start + 1)]
     return evidence
+
+
+def _unpack_patched(wheel: Path, destination: Path, patched: set[str]) -> Path:
+    """Only the files the patches touch: all GNU patch reads (unpacking a whole wheel's thousands of
+    files costs tens of seconds on a busy disk)."""
+    destination.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(wheel) as archive:
+        members = [name for name in archive.namelist() if name in patched]
+        archive.extractall(destination, members)
+    return destination
 
 
 def _refreshed_text(patch: patch_series.Patch, before: Path, after: Path) -> str:
@@ -204,7 +218,8 @@ def _recheck(patches: list[tuple[patch_series.Patch, str]], wheel: Path) -> list
     """Apply the refreshed texts, in order, to a fresh unpack of the new wheel: problems, if any."""
     problems = []
     with tempfile.TemporaryDirectory(prefix="builder-verdict-recheck-") as workdir:
-        site_packages = patch_series.unpack(wheel, Path(workdir) / "site-packages")
+        site_packages = _unpack_patched(wheel, Path(workdir) / "site-packages",
+                                        {f for patch, _ in patches for f in patch.files})
         for patch, text in patches:
             path = Path(workdir) / patch.name
             path.write_text(text, encoding="utf-8")
@@ -224,7 +239,7 @@ def judge_series(distribution: str, old_version: str, new_version: str, *, root:
     verdicts: list[Verdict] = []
     carried: list[tuple[patch_series.Patch, str]] = []
     with tempfile.TemporaryDirectory(prefix="builder-verdict-") as workdir:
-        site_packages = patch_series.unpack(wheel, Path(workdir) / "site-packages")
+        site_packages = _unpack_patched(wheel, Path(workdir) / "site-packages", {f for p in patches for f in p.files})
         before = Path(workdir) / "before"
         for patch in patches:
             patch_hunks = hunks(patch.path.read_text(encoding="utf-8"))
@@ -254,8 +269,8 @@ def judge_series(distribution: str, old_version: str, new_version: str, *, root:
             if present is not None:
                 verdicts.append(verdict(DROPPED, ["every line the patch adds is already upstream:", *present]))
                 continue
-            verdicts.append(verdict(NEEDS_PORTING, _porting_evidence(site_packages, patch_hunks, forward.problems)))
-    problems = _recheck(carried, wheel)
+            verdicts.append(verdict(NEEDS_PORTING, _porting_evidence(site_packages, wheel, patch_hunks, forward.problems)))
+    problems = _recheck(carried, wheel) if carried else []
     if problems:
         raise UserError(f"{distribution} {new_version}: a refreshed patch failed its re-check: {'; '.join(problems)}")
     recheck = "re-checked: the refreshed series applies strictly to a fresh unpack of the new wheel"
