@@ -275,3 +275,40 @@ def test_far_bump_refuses_the_cuda_12_8_row_and_writes_the_cuda_13_one_with_its_
     assert rows[0].patched == () and rows[0].replaces == "sglang-0.5.9-cu130"
     assert all(not (p.index or p.url) for p in rows[1].packages)  # the default-index row this host builds
     assert not (clone / "patches/sglang/0.5.23").exists()  # nothing carried, nothing pretends to apply
+
+
+@pytest.mark.network
+def test_a_pin_whose_default_index_build_misses_the_row_cuda_comes_from_the_rows_own_index(tmp_path):
+    """torch 2.10.0 on the default index is not a CUDA 13 build, so the cu130 row takes 2.10.0+cu130 from
+    its extra index (a PEP 503 page on loopback) and says why; with no such build there, the row is refused."""
+    import dataclasses
+    import functools
+    import http.server
+    import threading
+
+    from builder.bump.candidate import Planner
+    from builder.config.matrix import load_matrix
+
+    (tmp_path / "torch").mkdir()
+    page = '<a href="torch-2.10.0%2Bcu130-cp311-cp311-manylinux_2_28_x86_64.whl#sha256={0}">' \
+           "torch-2.10.0+cu130-cp311-cp311-manylinux_2_28_x86_64.whl</a>".format("0" * 64)
+    (tmp_path / "torch" / "index.html").write_text(page)
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        index_url = f"http://127.0.0.1:{server.server_address[1]}/"
+        row = load_matrix(REPO / "matrix.toml").stack("sglang-0.5.9-cu130")
+        row = dataclasses.replace(row, packages=tuple(
+            dataclasses.replace(p, index=index_url) if p.name == "torch" else p for p in row.packages))
+        plan = Planner({"torch": "2.10.0"}, Index(), {}).plan_row(row)
+        assert not plan.refused
+        assert (plan.packages["torch"].version, plan.packages["torch"].index) == ("2.10.0+cu130", index_url)
+        assert any(d.startswith(f"torch 2.10.0+cu130 from {index_url}") and "on the default index is a CUDA 12"
+                   in d for d in plan.decisions)
+        (tmp_path / "torch" / "index.html").write_text("<html></html>")
+        refused = Planner({"torch": "2.10.0"}, Index(), {}).plan_row(row)
+        assert "torch 2.10.0 on the default index is a CUDA 12" in refused.refused
+        assert f"{index_url} does not confirm a cu130 build (no such version there)" in refused.refused
+    finally:
+        server.shutdown()

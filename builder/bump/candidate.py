@@ -6,10 +6,9 @@ For each CUDA row of the old stack: the bumped pins replace the old ones; every 
 changed pin declares on a distribution the matrix pins by kind (torch, the kernel wheels, flashinfer,
 sglang) becomes a pin; an old pin that only a requirement of the old versions held (sglang 0.5.9's
 sgl-kernel) goes; one that follows another's version (flashinfer-cubin, -jit-cache) moves with it or
-goes when its source cannot confirm the build. A pin keeps a non-default source (an extra index)
-only where that source is reachable and has the version; otherwise it comes from the default index,
-and only if the default index's build is for the row's CUDA (compat facts). A row with no fitting
-source is refused, with the reason.
+goes when its source cannot confirm the build. A changed pin comes from the default index where the
+default index's build is for the row's CUDA (compat facts), else from the row's old extra index where
+that has the version for the row's CUDA; a row with no fitting source is refused, with the reason.
 """
 
 from __future__ import annotations
@@ -145,34 +144,33 @@ class Planner:
                                           f"({self._source_problem(old, wanted)})")
 
     def _set(self, plan: RowPlan, name: str, version: str, why: str) -> None:
-        """Pin name==version in the row from a source that has it for the row's CUDA, else refuse."""
+        """Pin name==version in the row: from the default index where its build fits the row's CUDA
+        (the source every host here and every runner reaches), else from the row's old extra index
+        where that has the version for the row's CUDA, else the row is refused."""
         old = plan.old.package(name)
         if old and old.parsed_version.public == Version(version).public:
             plan.packages[name] = old  # the same release from the same source: nothing moves
             return
-        if old and (old.index or old.url):
+        facts = self.facts_of(name, version)  # also refuses a version the default index lacks
+        row_cuda = plan.old.cuda
+        if _fits(name, facts.cuda, row_cuda):
+            plan.packages[name] = Package(name, str(Version(version)))
+            cuda = f", a CUDA {facts.cuda} build" if facts.cuda else ""
+            instead = f" (was {old.source}: the default index's build fits the row)" if old and (old.index or old.url) else ""
+            plan.decisions.append(f"{name} {version} from the default index{cuda}: {why}{instead}")
+            return
+        problem = (f"{name} {version} on the default index is a CUDA {facts.cuda} build ({facts.cuda_source}), "
+                   f"but the row's CUDA is {row_cuda}")
+        if old and old.index:
             found = self._on_own_source(old, version)
             if found:
                 plan.packages[name] = found
-                plan.decisions.append(f"{name} {found.version} from {found.source}: {why}")
+                plan.decisions.append(f"{name} {found.version} from {found.source}: {why}; {problem}")
                 return
-            moved = f"; {old.source} does not confirm {name} {version} ({self._source_problem(old, version)})"
-        else:
-            moved = ""
-        facts = self.facts_of(name, version)  # also refuses a version the default index lacks
-        built_for = facts.cuda
-        if built_for:
-            exact = name == "torch"
-            row_cuda = plan.old.cuda
-            same = (built_for.split(".")[:2] == row_cuda.split(".")[:2]) if exact and "." in built_for else \
-                built_for.split(".")[0] == row_cuda.split(".")[0]
-            if not same:
-                plan.refused = (f"{name} {version} on the default index is a CUDA {built_for} build ({facts.cuda_source}), "
-                                f"but the row's CUDA is {row_cuda}{moved}")
-                return
-        plan.packages[name] = Package(name, str(Version(version)))
-        cuda = f", CUDA {built_for} build" if built_for else ""
-        plan.decisions.append(f"{name} {version} from the default index{cuda}: {why}{moved}")
+            problem += f"; {old.source} does not confirm a {old.parsed_version.local} build ({self._source_problem(old, version)})"
+        elif old and old.url:
+            problem += f"; its old source is a wheel URL, which names {old.version} only"
+        plan.refused = problem
 
     def _on_own_source(self, old: Package, version: str) -> Package | None:
         if not old.index:
@@ -198,6 +196,16 @@ class Planner:
         except UserError as error:
             return str(error)
         return "no such version there" if project is not None else "no such project there"
+
+
+def _fits(name: str, built_for: str, row_cuda: str) -> bool:
+    """A default-index build fits a row: no CUDA of its own, the same CUDA major.minor for torch (its
+    wheels pull that CUDA's runtime), the same major for a kernel wheel (it links libcudart.so.<major>)."""
+    if not built_for:
+        return True
+    if name == "torch" and "." in built_for:
+        return built_for.split(".")[:2] == row_cuda.split(".")[:2]
+    return built_for.split(".")[0] == row_cuda.split(".")[0]
 
 
 def _exact(specifier: str) -> str | None:

@@ -7,10 +7,13 @@ The index is pip's own default (or PIP_INDEX_URL), never a host name written her
 
 from __future__ import annotations
 
+import html
 import os
+import re
 from dataclasses import dataclass
 from email.parser import Parser
 from functools import cached_property
+from urllib.parse import urljoin
 
 import requests
 from packaging.requirements import InvalidRequirement, Requirement
@@ -89,6 +92,19 @@ class Project:
         return sorted(out, key=lambda f: f.filename)
 
 
+_ANCHOR = re.compile(r"<a\s[^>]*?href=\"([^\"]+)\"([^>]*)>([^<]+)</a>", re.IGNORECASE)
+
+
+def _html_files(text: str, page: str) -> tuple[IndexFile, ...]:
+    """The files a PEP 503 page links: name, URL, sha256 from the fragment; sizes unknown (0)."""
+    files = []
+    for href, attributes, filename in _ANCHOR.findall(text):
+        url, _, fragment = urljoin(page, html.unescape(href)).partition("#")
+        sha256 = fragment.removeprefix("sha256=") if fragment.startswith("sha256=") else ""
+        files.append(IndexFile(html.unescape(filename).strip(), url, 0, sha256, "data-yanked" in attributes))
+    return tuple(files)
+
+
 class Index:
     """One session over one simple index; projects are fetched once."""
 
@@ -107,20 +123,21 @@ class Index:
         name = canonicalize_name(name)
         if name not in self._projects:
             try:
-                response = self.session.get(f"{self.url}{name}/", headers={"Accept": _JSON}, timeout=TIMEOUT_S)
+                response = self.session.get(f"{self.url}{name}/", headers={"Accept": f"{_JSON}, text/html;q=0.1"},
+                                            timeout=TIMEOUT_S)
             except requests.RequestException as error:
                 raise UserError(f"cannot reach {self.label} for {name} ({type(error).__name__})") from None
             if response.status_code == 404:
                 self._projects[name] = None
-            elif response.status_code != 200 or _JSON not in response.headers.get("Content-Type", ""):
-                raise UserError(f"{self.label} answered HTTP {response.status_code} "
-                                f"({response.headers.get('Content-Type', 'no type')}) for {name}")
-            else:
-                data = response.json()
+            elif response.status_code != 200:
+                raise UserError(f"{self.label} answered HTTP {response.status_code} for {name}")
+            elif _JSON in response.headers.get("Content-Type", ""):
                 files = tuple(IndexFile(f["filename"], f["url"], int(f.get("size") or 0),
                                         f.get("hashes", {}).get("sha256", ""), bool(f.get("yanked")))
-                              for f in data.get("files", []))
+                              for f in response.json().get("files", []))
                 self._projects[name] = Project(name, files, self.url)
+            else:  # PEP 503 HTML, as PyTorch's and FlashInfer's indexes serve it
+                self._projects[name] = Project(name, _html_files(response.text, response.url), self.url)
         return self._projects[name]
 
     def require(self, name: str, version: str) -> Project:
