@@ -312,3 +312,26 @@ def test_a_pin_whose_default_index_build_misses_the_row_cuda_comes_from_the_rows
         assert f"{index_url} does not confirm a cu130 build (no such version there)" in refused.refused
     finally:
         server.shutdown()
+
+
+@pytest.mark.network
+def test_missing_wheel_facts_name_the_command_that_generates_them(tmp_path):
+    """The matrix asks for `builder compat refresh` where it once asked for hand-typed facts, and after it
+    runs the facts are there, with the wheel they came from."""
+    import os
+
+    for name in ("matrix.toml", "matrix.lock"):
+        shutil.copy(REPO / name, tmp_path / name)
+    shutil.copytree(REPO / "patches", tmp_path / "patches")
+    text = (tmp_path / "matrix.toml").read_text().replace('sglang = { version = "0.5.9" }', 'sglang = { version = "0.5.8" }')
+    (tmp_path / "matrix.toml").write_text(text)
+    env = {**os.environ, "BUILDER_COMPAT_FACTS": str(tmp_path / "facts.toml")}
+    before = _cli(tmp_path, "matrix", "--matrix", str(tmp_path / "matrix.toml"), env=env)
+    assert before.returncode == 2
+    assert "no wheel-tag facts for sglang 0.5.8: run `builder compat refresh sglang==0.5.8`" in before.stderr
+    refresh = _cli(tmp_path, "compat", "refresh", "sglang==0.5.8", env=env)
+    assert refresh.returncode == 0, refresh.stderr
+    assert "sglang==0.5.8: tags py3-none" in refresh.stdout and "sglang-0.5.8-py3-none-any.whl (sha256 " in refresh.stdout
+    after = _cli(tmp_path, "matrix", "--matrix", str(tmp_path / "matrix.toml"), env=env)
+    assert "wheel-tag facts" not in after.stderr
+    assert "patch series is written for 0.5.9, but the stack pins 0.5.8" in after.stderr  # the other rules still hold

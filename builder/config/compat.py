@@ -155,7 +155,8 @@ def python_supported(stack: Stack) -> list[Problem]:
         tags = _wheel_tags(stack, package.name)
         where = ("packages", package.name, "version")
         if tags is None:
-            problems.append((where, f"no wheel-tag facts for {package.name} {package.version}: add them to builder/config/compat_data.toml"))
+            problems.append((where, f"no wheel-tag facts for {package.name} {package.version}: run `builder compat refresh "
+                                    f"{package.name}=={package.parsed_version.public}`"))
         elif not any(_tag_supports(tag, stack.python) for tag in tags):
             problems.append((where, f"{package.name} {package.version} has no wheel for Python {stack.python} (tags: {', '.join(tags)})"))
     return problems
