@@ -126,11 +126,7 @@ class Planner:
             if old.name in self.bumps or old.name in declared_now:
                 continue
             leader = FOLLOWS.get(old.name)
-            if old.name in old_declared:
-                del plan.packages[old.name]
-                plan.decisions.append(f"removed {old.name} {old.version}: only the old versions' requirements "
-                                      "named it, and no new pin declares it")
-            elif leader and plan.packages.get(leader) and plan.packages[leader] != row.package(leader):
+            if leader and plan.packages.get(leader) and plan.packages[leader] != row.package(leader):
                 wanted = plan.packages[leader].version
                 local = old.parsed_version.local
                 found = self._on_own_source(old, f"{wanted}+{local}" if local else wanted)
@@ -140,8 +136,11 @@ class Planner:
                 else:
                     del plan.packages[old.name]
                     plan.decisions.append(f"removed {old.name} {old.version}: it must match {leader} {wanted}, "
-                                          f"and {old.source} does not confirm that build "
-                                          f"({self._source_problem(old, wanted)})")
+                                          f"and {_where(old)} has no such build ({self._source_problem(old, wanted)})")
+            elif old.name in old_declared:
+                del plan.packages[old.name]
+                plan.decisions.append(f"removed {old.name} {old.version}: only the old versions' requirements "
+                                      "named it, and no new pin declares it")
 
     def _set(self, plan: RowPlan, name: str, version: str, why: str) -> None:
         """Pin name==version in the row: from the default index where its build fits the row's CUDA
@@ -173,10 +172,11 @@ class Planner:
         plan.refused = problem
 
     def _on_own_source(self, old: Package, version: str) -> Package | None:
-        if not old.index:
+        """The build of `version` (with old's local tag) on old's source, the default index included."""
+        if old.url:
             return None
         try:
-            project = Index(old.index, self.index.session).project(old.name)
+            project = (Index(old.index, self.index.session) if old.index else self.index).project(old.name)
         except UserError:
             return None
         if project is None:
@@ -185,17 +185,21 @@ class Planner:
         local = old.parsed_version.local
         for candidate in project.versions():
             if candidate.public == wanted.public and (candidate.local == local or wanted.local == candidate.local):
-                return Package(old.name, str(candidate), index=old.index)
+                return Package(old.name, str(candidate), index=old.index) if project.wheels(str(candidate)) else None
         return None
 
     def _source_problem(self, old: Package, version: str) -> str:
         if old.url:
             return "a wheel URL names one file only"
         try:
-            project = Index(old.index, self.index.session).project(old.name)
+            project = (Index(old.index, self.index.session) if old.index else self.index).project(old.name)
         except UserError as error:
             return str(error)
         return "no such version there" if project is not None else "no such project there"
+
+
+def _where(package: Package) -> str:
+    return package.source if package.index or package.url else "the default index"
 
 
 def _fits(name: str, built_for: str, row_cuda: str) -> bool:
