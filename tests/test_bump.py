@@ -3,6 +3,7 @@ real sglang and flashinfer wheels, compatibility facts read from the wheels, the
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -151,7 +152,8 @@ def _record(**changes) -> dict:
                             "wheel_sha256": "ab" * 32, "verdict": "dropped",
                             "evidence": ["    198:         supported_major_versions=[9, 10, 12]"]}],
               "overrides": [], "facts": {"torch==2.14.1": "pip's default index: torch-2.14.1-...; CUDA 13.0"},
-              "compare_rows": ["sglang-0.5.9-cu128-local", "sglang-0.5.23-cu130-local"]}
+              "compare_rows": ["sglang-0.5.9-cu128-local", "sglang-0.5.23-cu130-local"],
+              "wheel_bytes": {"sglang-0.5.9-cu128-local": 5_240_000_000}}
     record.update(changes)
     return record
 
@@ -168,8 +170,8 @@ def test_report_lists_versions_rows_pins_verdicts_decisions_and_both_images(tmp_
     assert "`0001-trtllm-comm-sm120.patch`: **dropped**" in text and "supported_major_versions=[9, 10, 12]" in text
     assert "- sglang-0.5.9-cu130: removed sgl-kernel 0.3.21+cu130" in text
     assert "- `torch==2.14.1`: pip's default index" in text
-    assert "| `sglang-0.5.9-cu128-local` | 11.55 GB | passed (28 pass, 0 fail, 16 skip) |" in text
-    assert "| `sglang-0.5.23-cu130-local` | not built | not run |" in text
+    assert "| `sglang-0.5.9-cu128-local` | 5.24 GB | 11.55 GB | passed (28 pass, 0 fail, 16 skip) |" in text
+    assert "| `sglang-0.5.23-cu130-local` | unknown | not built | not run |" in text
     assert "never known-good by being bumped" in text
 
 
@@ -227,6 +229,7 @@ def test_near_bump_writes_a_candidate_beside_the_old_stack_locked_rendered_and_c
     renamed = [line for line in report.splitlines() if "sgl-kernel -> sglang-kernel is a rename: both wheels install" in line]
     assert len(renamed) == 1 and "sgl_kernel/" in renamed[0] and "lib/" not in renamed[0]
     assert report.count("**carried**") == 3
+    assert re.search(r"\| `sglang-0.5.10-cu128-local` \| \d+\.\d\d GB \| not built \| not run \|", report)
 
     os.environ.setdefault("BUILDER_COMPAT_FACTS", str(facts))
     after = load_matrix(clone / "matrix.toml")
@@ -335,3 +338,25 @@ def test_missing_wheel_facts_name_the_command_that_generates_them(tmp_path):
     after = _cli(tmp_path, "matrix", "--matrix", str(tmp_path / "matrix.toml"), env=env)
     assert "wheel-tag facts" not in after.stderr
     assert "patch series is written for 0.5.9, but the stack pins 0.5.8" in after.stderr  # the other rules still hold
+
+
+@pytest.mark.network
+def test_newer_names_the_release_beyond_every_stack_and_nothing_once_a_stack_pins_it(project):
+    from packaging.version import Version
+
+    from builder.bump.newer import newest_beyond_stacks
+    from builder.config.matrix import load_matrix
+
+    newest, family = newest_beyond_stacks(load_matrix(project / "matrix.toml"), "sglang")
+    assert Version(newest) >= Version("0.5.23") and family == "sglang-0.5.9"
+    result = _bump(project, "--newer", "sglang")
+    assert (result.returncode, result.stdout) == (0, f"pin=sglang=={newest}\nfrom=sglang-0.5.9\n")
+    import dataclasses
+    import types
+
+    rows = load_matrix(project / "matrix.toml").registry_stacks
+    caught_up = tuple(dataclasses.replace(row, packages=tuple(
+        dataclasses.replace(p, version=newest) if p.name == "sglang" else p for p in row.packages)) for row in rows)
+    assert newest_beyond_stacks(types.SimpleNamespace(registry_stacks=caught_up), "sglang") is None
+    refused = _bump(project, "--newer", "no-such-distribution-for-builder-tests")
+    assert refused.returncode == 2 and "no stack pins no-such-distribution-for-builder-tests" in refused.stderr

@@ -23,6 +23,7 @@ from builder.errors import BuildFailure, UserError
 from builder.files import write_atomic
 from builder.image import patch_verdict, render
 from builder.lock import store
+from builder.lock.model import DEFAULT_INDEX
 from builder.lock.resolution import lock_stacks, record_base
 from builder.paths import stack_dir
 
@@ -192,6 +193,7 @@ def bump(matrix_path: str, pins: list[str], from_stack: str, name: str | None = 
     out_lines += [f"wrote {path.relative_to(matrix.root)}/series" for path in written]
     if lock:
         out_lines += _lock_and_render(matrix_path, candidate, rows, notes)
+        record["wheel_bytes"] = _wheel_bytes(matrix.project.lock, record["compare_rows"], index)
     _write_report(record, matrix, report_path)
     text = report_path.read_text(encoding="utf-8")
     return Outcome(candidate, report_path, text, tuple(out_lines))
@@ -236,6 +238,27 @@ def _lock_and_render(matrix_path: str, candidate: str, old_rows: list[Stack], no
     changed = render.write(files, matrix.root)
     lines.append(f"rendered {len(changed)} files under {', '.join(stack_dir(r) for r in rows)}")
     return lines
+
+
+def _wheel_bytes(lock_path: Path, names: list[str], index: Index) -> dict[str, int]:
+    """What each row's locked wheels weigh on the default index (sizes from its file list): the download
+    a cold build makes, known before anything is built. Rows with wheels from elsewhere are left out."""
+    lock = store.read(lock_path)
+    sizes: dict[str, int] = {}
+    for name in names:
+        found = lock.get(name)
+        if found is None:
+            continue
+        total = 0
+        for item in found.resolution.distributions:
+            project = index.project(item.name) if item.source == DEFAULT_INDEX else None
+            size = next((f.size for f in project.files if f.filename == item.wheel), 0) if project else 0
+            if not size:
+                break
+            total += size
+        else:
+            sizes[name] = total
+    return sizes
 
 
 def _write_report(record: dict, matrix: Matrix, path: Path) -> None:
