@@ -197,6 +197,18 @@ def test_bump_workflow_bumps_when_newer_builds_default_index_rows_and_proposes_o
     assert "git add matrix.toml matrix.lock images/ patches/" in runs[order[-1]]
 
 
+def _clone(tmp_path: Path) -> Path:
+    """A clone of the repository with the working tree's tracked files over it, so the code under test
+    is the code being edited, not only what was committed."""
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "--quiet", str(REPO), str(clone)], check=True)
+    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True).stdout
+    for name in filter(None, tracked.decode().split("\0")):
+        if (REPO / name).is_file():
+            shutil.copy2(REPO / name, clone / name)
+    return clone
+
+
 def _cli(clone: Path, *args: str, env: dict) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "builder.cli", *args], capture_output=True, text=True,
                           cwd=clone, env=env)
@@ -212,8 +224,7 @@ def test_near_bump_writes_a_candidate_beside_the_old_stack_locked_rendered_and_c
     from builder.config.matrix import load_matrix
     from builder.lock import store
 
-    clone = tmp_path / "clone"
-    subprocess.run(["git", "clone", "--quiet", str(REPO), str(clone)], check=True)
+    clone = _clone(tmp_path)
     facts = tmp_path / "facts.toml"
     env = {**os.environ, "BUILDER_COMPAT_FACTS": str(facts)}
     before_rows = load_matrix(clone / "matrix.toml").all_rows()
@@ -257,8 +268,7 @@ def test_far_bump_refuses_the_cuda_12_8_row_and_writes_the_cuda_13_one_with_its_
 
     from builder.config.matrix import load_matrix
 
-    clone = tmp_path / "clone"
-    subprocess.run(["git", "clone", "--quiet", str(REPO), str(clone)], check=True)
+    clone = _clone(tmp_path)
     facts = tmp_path / "facts.toml"
     env = {**os.environ, "BUILDER_COMPAT_FACTS": str(facts)}
     result = _cli(clone, "bump", "sglang==0.5.23", "--from", "sglang-0.5.9", "--no-lock", env=env)
