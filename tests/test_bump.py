@@ -52,6 +52,8 @@ def _refused(project: Path, result: subprocess.CompletedProcess, words: str) -> 
     (("sglang==0.5.23", "sglang==0.5.10", "--from", "sglang-0.5.9"), "sglang is given twice"),
     (("--from", "sglang-0.5.9"), "give at least one PACKAGE==VERSION"),
     (("sglang==0.5.23",), "give --from STACK"),
+    (("--report", "sglang-0.5.77"), "no bump record"),
+    (("--report", "sglang-0.5.77", "--from", "sglang-0.5.9"), "--report takes no PACKAGE==VERSION or --from"),
 ])
 def test_bad_arguments_are_one_line_and_exit_2(project, args, words):
     _refused(project, _bump(project, *args), words)
