@@ -6,6 +6,7 @@ message). Facts about published wheels live in compat_data.toml, not in code.
 
 from __future__ import annotations
 
+import os
 import re
 import tomllib
 from functools import cache
@@ -23,10 +24,30 @@ _CUDA_LOCAL_TAG = re.compile(r"^cu(\d{2,3})$")
 _ARCH = re.compile(r"^\d{1,2}\.\d$")
 
 
+def generated_facts_path() -> Path:
+    """compat_generated.toml beside this module; BUILDER_COMPAT_FACTS points elsewhere (tests, scratch bumps)."""
+    return Path(os.environ.get("BUILDER_COMPAT_FACTS") or Path(__file__).with_name("compat_generated.toml"))
+
+
 @cache
 def compat_data() -> dict:
+    """The hand-kept facts, with the generated ones (compat_refresh) added where none is hand-kept."""
     with open(Path(__file__).with_name("compat_data.toml"), "rb") as handle:
-        return tomllib.load(handle)
+        data = tomllib.load(handle)
+    data["wheel_glibc"] = {}
+    generated = generated_facts_path()
+    if generated.is_file():
+        with open(generated, "rb") as handle:
+            facts = tomllib.load(handle).get("facts", {})
+        for key, fact in facts.items():
+            name, _, version = key.partition("==")
+            data["wheel_tags"].setdefault(name, {}).setdefault(version, fact["wheel_tags"])
+            data["declared"].setdefault(key, fact.get("declared", {}))
+            if fact.get("cuda"):
+                data["default_index_cuda"].setdefault(name, {}).setdefault(version, fact["cuda"])
+            if fact.get("glibc"):
+                data["wheel_glibc"].setdefault(name, {})[version] = fact["glibc"]
+    return data
 
 
 def _major_minor(version: str) -> tuple[int, int]:
@@ -53,6 +74,15 @@ def package_cuda(stack: Stack, name: str) -> str | None:
     return compat_data()["default_index_cuda"].get(name, {}).get(str(version))
 
 
+def resolver_glibc_minor(stack: Stack, floor: int) -> int:
+    """The manylinux glibc minor to resolve the stack's wheels for: `floor`, or the newest one a
+    pinned default-index wheel needs (sglang 0.5.23 ships manylinux_2_34 only). Both bases run newer
+    glibc (Debian bookworm 2.36, Ubuntu 24.04 2.39)."""
+    needed = [int(glibc.split(".")[1]) for package in stack.packages if not (package.index or package.url)
+              if (glibc := compat_data()["wheel_glibc"].get(package.name, {}).get(package.parsed_version.public))]
+    return max([floor, *needed])
+
+
 def torch_matches_cuda(stack: Stack) -> list[Problem]:
     if not stack.package("torch"):
         return [(("packages",), "the stack pins no torch")]
@@ -67,9 +97,10 @@ def torch_matches_cuda(stack: Stack) -> list[Problem]:
 
 
 def kernels_match_cuda(stack: Stack) -> list[Problem]:
-    """sgl-kernel and flashinfer-jit-cache link one CUDA major's libraries (libcudart.so.12 or .13)."""
+    """sgl-kernel (sglang-kernel from sglang 0.5.10 on) and flashinfer-jit-cache link one CUDA major's
+    libraries (libcudart.so.12 or .13)."""
     problems = []
-    for name in ("sgl-kernel", "flashinfer-jit-cache"):
+    for name in ("sgl-kernel", "sglang-kernel", "flashinfer-jit-cache"):
         package = stack.package(name)
         if not package:
             continue
@@ -124,7 +155,8 @@ def python_supported(stack: Stack) -> list[Problem]:
         tags = _wheel_tags(stack, package.name)
         where = ("packages", package.name, "version")
         if tags is None:
-            problems.append((where, f"no wheel-tag facts for {package.name} {package.version}: add them to builder/config/compat_data.toml"))
+            problems.append((where, f"no wheel-tag facts for {package.name} {package.version}: run `builder compat refresh "
+                                    f"{package.name}=={package.parsed_version.public}`"))
         elif not any(_tag_supports(tag, stack.python) for tag in tags):
             problems.append((where, f"{package.name} {package.version} has no wheel for Python {stack.python} (tags: {', '.join(tags)})"))
     return problems

@@ -15,6 +15,7 @@ from packaging.version import Version
 PACKAGE_GROUPS = {
     "torch": "torch",
     "sgl-kernel": "kernels",
+    "sglang-kernel": "kernels",  # sgl-kernel's name from sglang 0.5.10 on
     "flashinfer-python": "kernels",
     "flashinfer-cubin": "kernels",
     "flashinfer-jit-cache": "kernels",

@@ -26,6 +26,7 @@ from uv import find_uv_bin
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from builder.errors import BuildFailure, UserError
+from builder.config import compat
 from builder.config.stack import GROUP_ORDER, PACKAGE_GROUPS, Stack
 from builder.lock.model import DEFAULT_INDEX, Distribution
 
@@ -51,6 +52,7 @@ class WheelResolution:
 def resolve(stack: Stack, uv: str | None = None) -> WheelResolution:
     """The stack's pins resolved for its python on PLATFORM; UserError when a source is unreachable."""
     uv = uv or find_uv_bin()
+    platform = platform_for(stack)
     indexes = _extra_indexes(stack)
     check_sources_reachable(stack)
     strategy = index_strategy(indexes)
@@ -62,7 +64,7 @@ def resolve(stack: Stack, uv: str | None = None) -> WheelResolution:
         overrides.write_text("".join(_override_requirement(stack, o.package) + "\n" for o in stack.overrides))
         common = [
             "--python-version", stack.python,
-            "--python-platform", PLATFORM,
+            "--python-platform", platform,
             "--override", str(overrides),
             "--no-build",  # wheels only: nothing is compiled inside an image
             "--no-config",  # a uv.toml on the host must not change the lock
@@ -77,7 +79,7 @@ def resolve(stack: Stack, uv: str | None = None) -> WheelResolution:
         pylock = work / "pylock.toml"
         _run_uv(stack, [uv, "pip", "compile", str(requirements), "--format", "pylock.toml",
                         "-o", str(pylock), "--quiet", *common])
-        wheels = _wheels_from_pylock(tomllib.loads(pylock.read_text()))
+        wheels = _wheels_from_pylock(tomllib.loads(pylock.read_text()), platform)
 
         constraints = work / "constraints.txt"
         url_names = {p.name for p in stack.packages if p.url}
@@ -87,7 +89,12 @@ def resolve(stack: Stack, uv: str | None = None) -> WheelResolution:
         graph_text = _run_uv(stack, [uv, "pip", "compile", str(requirements), "-c", str(constraints),
                                      "--emit-index-annotation", "--no-header", *common])
     entries = parse_annotated(graph_text)
-    return _assemble(stack, indexes, strategy, wheels, entries)
+    return _assemble(stack, indexes, strategy, wheels, entries, platform)
+
+
+def platform_for(stack: Stack) -> str:
+    """PLATFORM, or a newer manylinux where a pinned wheel needs it (builder/config/compat.py)."""
+    return f"x86_64-manylinux_2_{compat.resolver_glibc_minor(stack, _GLIBC_MINOR)}"
 
 
 def index_strategy(indexes: tuple[str, ...]) -> str:
@@ -180,7 +187,7 @@ def _uv_error(stack: Stack, stderr: str) -> UserError:
     return UserError(f"{stack.name}: uv found no resolution: {detail or 'no output'}")
 
 
-def _wheels_from_pylock(pylock: dict) -> dict[str, tuple[str, list[tuple[str, str]]]]:
+def _wheels_from_pylock(pylock: dict, platform: str = PLATFORM) -> dict[str, tuple[str, list[tuple[str, str]]]]:
     """{name: (version, [(wheel url, sha256), ...])} from uv's pylock.toml."""
     wheels: dict[str, tuple[str, list[tuple[str, str]]]] = {}
     for package in pylock.get("packages", []):
@@ -190,7 +197,7 @@ def _wheels_from_pylock(pylock: dict) -> dict[str, tuple[str, list[tuple[str, st
         if archive:  # a direct-URL requirement
             files.append((archive["url"], archive["hashes"]["sha256"]))
         if not files:
-            raise BuildFailure(f"uv resolved {name} without a wheel for {PLATFORM}")
+            raise BuildFailure(f"uv resolved {name} without a wheel for {platform}")
         wheels[name] = (package.get("version") or _version_from_url(files[0][0]), files)
     return wheels
 
@@ -289,11 +296,11 @@ def _closure(roots: list[str], children: dict[str, set[str]]) -> list[str]:
     return seen
 
 
-def target_tags(python: str) -> list[tags.Tag]:
+def target_tags(python: str, newest_glibc_minor: int = _GLIBC_MINOR) -> list[tags.Tag]:
     """Wheel tags the target interpreter accepts, most preferred first (as pip and uv rank them)."""
     major, minor = (int(part) for part in python.split(".")[:2])
     platforms: list[str] = []
-    for glibc_minor in range(_GLIBC_MINOR, 4, -1):
+    for glibc_minor in range(newest_glibc_minor, 4, -1):
         platforms.append(f"manylinux_2_{glibc_minor}_x86_64")
         if glibc_minor in _LEGACY_MANYLINUX:
             platforms.append(f"{_LEGACY_MANYLINUX[glibc_minor]}_x86_64")
@@ -317,26 +324,27 @@ def fitting_wheels(files: list[tuple[str, str]], ranking: dict[tags.Tag, int]) -
     return [(filename, sha256) for _, filename, sha256 in sorted(ranked)]
 
 
-def _assemble(stack, indexes, strategy, wheels, entries) -> WheelResolution:
+def _assemble(stack, indexes, strategy, wheels, entries, platform: str = PLATFORM) -> WheelResolution:
     if {name for name in wheels} != set(entries) or any(
         entry.version is not None and entry.version != wheels[name][0] for name, entry in entries.items()
     ):
         raise BuildFailure(f"{stack.name}: the two uv passes disagree (an index changed meanwhile?); run again")
     groups = assign_groups({name: entry.parents for name, entry in entries.items()})
-    ranking = {tag: rank for rank, tag in enumerate(target_tags(stack.python))}
+    glibc_minor = int(platform.rsplit("_", 1)[1])
+    ranking = {tag: rank for rank, tag in enumerate(target_tags(stack.python, glibc_minor))}
     distributions = []
     for name in sorted(entries):
         entry = entries[name]
         version, files = wheels[name]
         fitting = fitting_wheels(files, ranking)
         if not fitting:
-            raise BuildFailure(f"{stack.name}: no wheel of {name} {version} fits python {stack.python} on {PLATFORM}")
+            raise BuildFailure(f"{stack.name}: no wheel of {name} {version} fits python {stack.python} on {platform}")
         distributions.append(Distribution(
             name=name, version=version, sha256=fitting[0][1], wheel=fitting[0][0],
             hashes=tuple(sorted({sha for _, sha in fitting})), source=_source(entry, indexes),
             group=groups[name], url=entry.url,
         ))
-    return WheelResolution(stack.python, PLATFORM, indexes, strategy, tuple(distributions))
+    return WheelResolution(stack.python, platform, indexes, strategy, tuple(distributions))
 
 
 def _source(entry: AnnotatedEntry, indexes: tuple[str, ...]) -> str:
