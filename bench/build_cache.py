@@ -37,7 +37,7 @@ from builder.engine.progress import Progress  # noqa: E402
 from builder.image import build, context, render, tags, wheel_cache  # noqa: E402
 from builder.image.layer_diff import discard_storage  # noqa: E402
 from builder.paths import Project  # noqa: E402
-from builder.publish import lock  # noqa: E402
+from builder.lock.resolution import base_pin, check_current  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results" / "build-cache.json"
@@ -92,13 +92,13 @@ def cold_run(stack, scratch: Path, cache: wheel_cache.WheelCache, progress) -> d
 
 def bare_engine_run(stack, scratch: Path, cache: wheel_cache.WheelCache, progress) -> dict:
     """The same Dockerfile and context through `buildah build` with nothing of the builder around it."""
-    entry = lock.check_current(stack, Project(ROOT).lock)
-    inputs = context.build_inputs(stack, ROOT, lock.base_digest(stack, entry))
+    resolution = check_current(stack, Project(ROOT).lock).resolution
+    inputs = context.build_inputs(stack, ROOT, base_pin(stack, resolution))
     with private_storage(scratch) as engine:
         base_into(engine, stack, scratch)
         engine.export_to_docker = False
         context_dir = scratch / "context"
-        dockerfile = build.stage_context(inputs, ROOT, entry, cache, context_dir)
+        dockerfile = build.stage_context(inputs, ROOT, resolution, cache, context_dir)
         started = time.monotonic()
         engine.build(build.build_request(stack, context_dir, dockerfile, "localhost/bench-bare:latest", False, progress))
         wall = time.monotonic() - started

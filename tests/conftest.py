@@ -69,8 +69,10 @@ def local_base(builder_env):
 @pytest.fixture(scope="session")
 def built(local_base, builder_env):
     """The README's main job in this checkout: (the command's result, its build report). With --resmoke:
-    the committed lock holds a pass for this image id, and CI must see the gate run, not its record."""
-    result = run_builder("build", "--local-base", "--stack", "sglang-0.5.9-cu128", "--resmoke", env=builder_env)
+    the committed lock holds a pass for this image id, and CI must see the gate run, not its record.
+    With --load: the tests that follow run the image in the Docker daemon, as a GPU host does."""
+    result = run_builder("build", "--local-base", "--stack", "sglang-0.5.9-cu128", "--resmoke", "--load",
+                         env=builder_env)
     assert result.returncode == 0, result.stderr[-4000:]
     report = json.loads((REPO / "build-reports" / f"{BUILT_STACK}.json").read_text())
     return result, report

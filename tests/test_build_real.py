@@ -18,6 +18,7 @@ import pytest
 from builder.image import render, smoke_gate, wheel_cache
 from builder.lock import store
 from builder.engine import get_engine
+from builder.engine.buildah import BuildahEngine
 from builder.engine.protocol import BuildRequest
 from builder.config.matrix import load_matrix
 from support import run_builder
@@ -137,6 +138,21 @@ def test_no_op_rebuild_after_the_test_suite_reuses_every_layer_and_keeps_the_ima
     assert second["image_id"] == report["image_id"]
     assert second["smoke"] == report["smoke"]
     assert docker.from_env().images.get(report["tags"][0]).id == report["image_id"]
+
+
+def test_a_default_build_needs_no_docker_daemon_and_smoke_tests_where_buildah_built(built, builder_env, tmp_path):
+    """No second copy: with no Docker daemon to reach, the build (its smoke checks run again, through
+    podman's API over buildah's storage) passes and tags the same image, and leaves no container."""
+    _, report = built
+    env = {**builder_env, "DOCKER_HOST": f"unix://{tmp_path}/no-daemon.sock"}
+    again = builder("build", "--local-base", "--stack", "sglang-0.5.9-cu128", "--resmoke", env=env)
+    assert again.returncode == 0, again.stderr[-4000:]
+    assert "delivered to Docker: 0 bytes)" in again.stderr
+    assert json.loads((REPO / "build-reports" / f"{STACK.name}.json").read_text())["smoke"]["passed"] is True
+    assert BuildahEngine(export_to_docker=False).image_digest(report["tags"][0]) == report["image_id"]
+    listed = subprocess.run(["podman", "ps", "--all", "--filter", "label=dev.sglang-builder.owner", "--format", "json"],
+                            capture_output=True, text=True, check=True).stdout
+    assert json.loads(listed or "[]") == []
 
 
 def _bench_in_image(image_id: str, tmp_path: Path, tok_s: str) -> tuple[int, str, dict]:

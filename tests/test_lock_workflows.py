@@ -53,6 +53,20 @@ def test_build_workflow_checks_rendering_builds_each_row_and_pushes_from_main_on
     assert all(step.get("if") == MAIN_ONLY for step in steps if "docker login" in step.get("run", ""))
 
 
+def test_build_workflow_frees_the_disk_first_keeps_one_copy_and_prints_its_peak():
+    """A hosted runner has about 14 GB free: the toolchains go before the build, the image never goes
+    into the Docker daemon (no --load: smoke and push work from buildah's storage), and the last step
+    prints the job's peak disk use even when a step failed."""
+    text = (WORKFLOWS / "build.yml").read_text()
+    _steps_in_order(text, "- name: Free the runner's disk", "sudo rm -rf /usr/share/dotnet /usr/local/lib/android /opt/ghc",
+                    "sudo docker image prune --all --force", "- name: Watch the disk", 'builder build --stack "$STACK"',
+                    'builder push "$STACK"', "- name: Peak disk use of the job")
+    assert "/opt/hostedtoolcache" in text
+    assert "--load" not in text and "docker load" not in text and "docker-daemon:" not in text
+    peak_step = text[text.index("- name: Peak disk use of the job"):]
+    assert peak_step.splitlines()[1].strip() == "if: always()"
+
+
 def test_lock_workflow_locks_every_row_checks_and_proposes_it_weekly_and_on_demand():
     text = (WORKFLOWS / "lock.yml").read_text()
     assert '  schedule:\n    - cron: "23 5 * * 1"\n  workflow_dispatch:\n' in text

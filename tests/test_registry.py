@@ -247,15 +247,3 @@ def test_pull_and_push_refuse_what_the_lock_does_not_support(client, image, cu12
 def test_daemon_messages_are_classified(message, transient):
     """Messages as the Docker daemon words them (the first two seen from dockerd 28 here)."""
     assert registry.is_transient(message) is transient
-
-
-def test_push_without_a_docker_daemon_says_how_to_start_it(cu128_lock, monkeypatch, capsys, tmp_path, record_image):
-    record_image(STACK, "sha256:" + "1" * 64, ["t:1"], cu128_lock)
-    before = cu128_lock.read_bytes()
-    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-daemon.sock")
-    assert main(["push", STACK.name, "--registry", "127.0.0.1:5000"]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("builder: error: Docker daemon not running (")
-    assert err.endswith("start it with scripts/setup-host (or run `dockerd &` as root)\n")
-    assert err.count("\n") == 1
-    assert cu128_lock.read_bytes() == before

@@ -16,12 +16,14 @@ def default_engine_name() -> str:
     return os.environ.get("BUILDER_ENGINE", DEFAULT_ENGINE)
 
 
-def get_engine(name: str = DEFAULT_ENGINE) -> Engine:
-    """The engine called `name`; buildah is the default (reproducible digests, no daemon to build)."""
+def get_engine(name: str = DEFAULT_ENGINE, export_to_docker: bool = True) -> Engine:
+    """The engine called `name`; buildah is the default (reproducible digests, no daemon to build).
+    export_to_docker: buildah also copies what it tags into the Docker daemon (`builder build` asks
+    for that only with --load)."""
     if name == "buildah":
         from builder.engine.buildah import BuildahEngine
 
-        return BuildahEngine()
+        return BuildahEngine(export_to_docker=export_to_docker)
     if name == "docker":
         from builder.engine.docker import DockerEngine
 

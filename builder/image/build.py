@@ -17,7 +17,9 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from builder.image import context, deb_cache, immutable, provenance, render, sbom, smoke_gate, tags, wheel_cache
+from builder.engine import delivery
+from builder.image import (context, deb_cache, immutable, provenance, render, sbom, smoke_gate, smoke_host, tags,
+                           wheel_cache)
 from builder.lock import records
 from builder.lock.model import ImageRecord, LockEntry, Resolution
 from builder.lock.resolution import base_pin, check_current
@@ -174,7 +176,7 @@ def recorded_smoke(entry: LockEntry, image_id: str) -> dict | None:
 
 
 def _smoke(stack: Stack, entry: LockEntry, image_id: str, candidate: str, resmoke: bool, progress: Progress,
-           durations: dict) -> dict:
+           durations: dict, host: smoke_host.SmokeHost) -> dict:
     """The checks run in the candidate, unless the lock holds a pass for this very image id: the id is
     the image's content, so running them again could only repeat that answer (--resmoke does anyway)."""
     known = None if resmoke else recorded_smoke(entry, image_id)
@@ -184,15 +186,45 @@ def _smoke(stack: Stack, entry: LockEntry, image_id: str, candidate: str, resmok
         return known
     progress.stage(f"{stack.name}: smoke checks in {candidate}")
     started = time.monotonic()
-    report = smoke_gate.run_in_image(candidate)
+    report = smoke_gate.run_in_image(candidate, client=host.client, labels=host.labels())
     durations["smoke"] = round(time.monotonic() - started, 1)
     progress.block(report.table())
     return report.to_dict()
 
 
+def docker_loader(engine: Engine) -> Engine | None:
+    """`--load`, as buildx: the engine that also puts the image into the Docker daemon, or None where
+    the image is built there already."""
+    if engine.name != "buildah":
+        return None
+    from builder.engine.buildah import BuildahEngine
+
+    return BuildahEngine(storage_dir=engine.storage_dir, export_to_docker=True)
+
+
+def load_into_docker(loader: Engine, result: BuildResult, tag_names: list[str]) -> int:
+    """The passed image into the Docker daemon under its tags: only the layers it lacks. The bytes moved."""
+    missing = 0
+    if loader.daemon.image_id(result.image_id) is None:
+        skip = delivery.layers_to_skip([l.diff_id for l in result.layers], delivery.held_chains(loader.daemon.client))
+        missing = sum(layer.size or 0 for layer in result.layers if layer.diff_id not in skip)
+    for name in tag_names:
+        loader.tag(name, name)
+    return missing
+
+
 def build_stack(stack: Stack, engine: Engine, progress: Progress, project: Project, no_cache: bool = False,
                 cache: wheel_cache.WheelCache | None = None, offline: bool = False,
-                resmoke: bool = False) -> BuildOutcome:
+                resmoke: bool = False, load: bool = False) -> BuildOutcome:
+    """Builds in the engine's own storage and smoke-tests there; the Docker daemon gets the image only
+    with `load` (smoke_host.py: no second copy by default)."""
+    with smoke_host.open_host(engine, progress) as host:
+        return _build_stack(stack, engine, progress, project, no_cache, cache, offline, resmoke, load, host)
+
+
+def _build_stack(stack: Stack, engine: Engine, progress: Progress, project: Project, no_cache: bool,
+                 cache: wheel_cache.WheelCache | None, offline: bool, resmoke: bool, load: bool,
+                 host: smoke_host.SmokeHost) -> BuildOutcome:
     root, lock_path = project.root, project.lock
     cache = cache or wheel_cache.WheelCache()
     render.require_rendered(stack, root)
@@ -201,7 +233,8 @@ def build_stack(stack: Stack, engine: Engine, progress: Progress, project: Proje
     base_digest = base_pin(stack, resolution)
     check_base(stack, engine, base_digest)
     inputs = context.build_inputs(stack, root, base_digest)
-    candidate = tags.candidate_tag(stack, inputs.hash)
+    # The run's own candidate: the owner in the tag lets the next run sweep it if this one dies.
+    candidate = tags.candidate_tag(stack, inputs.hash) + host.owner.tag_suffix()
     immutable_tag, moving = tags.immutable_tag(stack, inputs.hash), tags.moving_tag(stack)
     report_path = project.reports / f"{stack.name}.json"
     started_on, started = datetime.now(timezone.utc), time.monotonic()
@@ -211,9 +244,11 @@ def build_stack(stack: Stack, engine: Engine, progress: Progress, project: Proje
     progress.stage(f"{stack.name}: building {immutable_tag}")
     result = _build_in_context(engine, stack, inputs, root, resolution, cache, candidate, no_cache, progress)
     durations.update(build=result.duration_s, canonical_export=result.canonical_s, deliver_to_docker=result.deliver_s)
+    loader = docker_loader(engine) if load else None
     try:
-        immutable.check(engine, immutable_tag, result.image_id, result.identity, entry.outcome.image)
-        smoke_result = _smoke(stack, entry, result.image_id, candidate, resmoke, progress, durations)
+        for store in (engine, loader) if loader else (engine,):
+            immutable.check(store, immutable_tag, result.image_id, result.identity, entry.outcome.image)
+        smoke_result = _smoke(stack, entry, result.image_id, candidate, resmoke, progress, durations, host)
         if not smoke_result["passed"]:
             records.record_smoke(stack.name, passed=False, report=smoke_result, image_id=result.image_id, path=lock_path)
             raise BuildFailure(f"{stack.name}: smoke checks failed; {immutable_tag} not tagged")
@@ -221,6 +256,11 @@ def build_stack(stack: Stack, engine: Engine, progress: Progress, project: Proje
         engine.tag(candidate, moving)
     finally:
         engine.remove(candidate)
+    delivered = result.delivered_bytes
+    if loader:
+        loaded = time.monotonic()
+        delivered = load_into_docker(loader, result, [immutable_tag, moving])
+        durations["deliver_to_docker"] = round(time.monotonic() - loaded, 1)
     write_report(report_path, stack, inputs, result, engine.inspect(result.image_id).config, smoke_result,
                  [immutable_tag, moving])
     sbom_path = sbom.write_bom(sbom.sbom_path(report_path), stack.name, result.image_id, resolution)
@@ -232,7 +272,7 @@ def build_stack(stack: Stack, engine: Engine, progress: Progress, project: Proje
         external={"engine": engine.name, "no_cache": no_cache, "local_base": stack.base.local, "offline": offline,
                   "wheels_downloaded": fetched.downloaded, "wheel_bytes_downloaded": fetched.downloaded_bytes,
                   "debs_downloaded": fetched_debs.downloaded, "deb_bytes_downloaded": fetched_debs.downloaded_bytes,
-                  "delivered_bytes": result.delivered_bytes, "canonical_bytes_rewritten": result.canonical_bytes},
+                  "delivered_bytes": delivered, "canonical_bytes_rewritten": result.canonical_bytes},
     )
     provenance_path = provenance.write(report_path, statement)
     records.record_build(stack.name, ImageRecord(
@@ -242,18 +282,18 @@ def build_stack(stack: Stack, engine: Engine, progress: Progress, project: Proje
         engine=result.identity,
     ), smoke_result, lock_path)
     progress.stage(f"{stack.name}: {immutable_tag} = {result.image_id} ({durations['total']} s; wheels downloaded: "
-                   f"{fetched.downloaded_bytes} bytes; delivered to Docker: {result.delivered_bytes} bytes)")
+                   f"{fetched.downloaded_bytes} bytes; delivered to Docker: {delivered} bytes)")
     return BuildOutcome(stack.name, result.image_id, immutable_tag, moving, report_path, provenance_path, durations)
 
 
 
 def build_all(stacks: tuple[Stack, ...], engine_name: str, project: Project, no_cache: bool = False,
-              offline: bool = False, resmoke: bool = False) -> list[BuildOutcome]:
+              offline: bool = False, resmoke: bool = False, load: bool = False) -> list[BuildOutcome]:
     if not stacks:
         raise UserError("no stack selected")
-    engine = get_engine(engine_name)
+    engine = get_engine(engine_name, export_to_docker=False)
     engine.check()
     progress = Progress.for_environment()
     cache = wheel_cache.WheelCache()
-    return [build_stack(stack, engine, progress, project, no_cache, cache, offline, resmoke) for stack in stacks]
+    return [build_stack(stack, engine, progress, project, no_cache, cache, offline, resmoke, load) for stack in stacks]
 

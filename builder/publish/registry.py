@@ -1,4 +1,5 @@
-"""Push a stack's immutable tag to a registry and pull it back by digest, through the Docker daemon.
+"""Push a stack's immutable tag to a registry and pull it back by digest, through the Docker daemon
+(a push of an image only buildah holds goes straight from buildah's storage: publish/engine_push.py).
 
 Transient failures (connection errors, HTTP 5xx) are retried with exponential backoff; anything
 else fails at once. The lock records a push only after the registry has the image, and a pull is
@@ -14,11 +15,12 @@ import docker
 import docker.errors
 import requests
 
+from builder.engine.buildah import BuildahEngine
 from builder.engine.daemon import docker_client
 from builder.errors import BuildFailure, UserError
 from builder.lock import records, store
 from builder.lock.model import PushRecord
-from builder.publish import registry_auth, transport_policy
+from builder.publish import engine_push, registry_auth, transport_policy
 from builder.publish.registry_http import ACCEPT_MANIFESTS, Retry, TransientError, api_get, get_manifest, reason
 from builder.publish.transport_policy import Policy
 
@@ -98,11 +100,17 @@ def push(stack: str, registry: str, *, lock_path: Path, retry: Retry = Retry(),
     host, namespace = split_registry(registry)
     repository, tag = split_tag(image.immutable_tag)
     remote = f"{namespace}{repository}"
-    client = client or docker_client()
-    try:
-        local_id = client.images.get(image.image_id).id
-    except docker.errors.ImageNotFound:
-        raise UserError(f"{stack}: image {image.image_id} is not in the Docker daemon: build or pull it") from None
+    client = client or _daemon_holding(image.image_id)
+    if client is not None:
+        try:
+            local_id = client.images.get(image.image_id).id
+        except docker.errors.ImageNotFound:
+            raise UserError(f"{stack}: image {image.image_id} is not in the Docker daemon: build or pull it") from None
+    elif BuildahEngine(export_to_docker=False).exists(image.image_id):
+        local_id = image.image_id  # pushed from buildah's storage: no copy into Docker
+    else:
+        raise UserError(f"{stack}: image {image.image_id} is in neither the Docker daemon nor buildah's storage: "
+                        "build or pull it")
     credentials = registry_auth.docker_credentials(host)
     policy = transport_policy.load()
 
@@ -112,6 +120,8 @@ def push(stack: str, registry: str, *, lock_path: Path, retry: Retry = Retry(),
         if existing not in (None, local_id):
             raise BuildFailure(f"{host}/{remote}:{tag} already names another image ({existing}); "
                                "immutable tags are never moved")
+        if client is None:
+            return engine_push.push(local_id, f"{host}/{remote}:{tag}", host, credentials, is_transient)
         client.api.tag(local_id, f"{host}/{remote}", tag)
         return _push_stream(client, f"{host}/{remote}", tag, credentials.for_daemon(host) if credentials else None)
 
@@ -119,6 +129,16 @@ def push(stack: str, registry: str, *, lock_path: Path, retry: Retry = Retry(),
     records.record_push(stack, PushRecord(registry=registry, repository=remote, tag=tag, manifest_digest=digest),
                         path=lock_path)
     return {"reference": f"{host}/{remote}@{digest}", "tag": f"{host}/{remote}:{tag}", "digest": digest}
+
+
+def _daemon_holding(image_id: str) -> docker.DockerClient | None:
+    """The Docker daemon's client when it is up and holds the image (it then pushes), else None."""
+    try:
+        client = docker_client()
+        client.images.get(image_id)
+    except (UserError, docker.errors.DockerException):
+        return None
+    return client
 
 
 def _push_stream(client: docker.DockerClient, repository: str, tag: str, auth_config: dict | None) -> str:

@@ -12,6 +12,9 @@ def register(subparsers) -> None:
     parser.add_argument("--offline", action="store_true",
                         help="no network at all: every locked wheel must already be in the wheel cache "
                              "(`builder fetch`); local-base rows only")
+    parser.add_argument("--load", action="store_true",
+                        help="also put the passed image into the Docker daemon (as buildx --load); by default "
+                             "it stays in the engine's storage only (run it with `podman run`)")
     parser.add_argument("--resmoke", action="store_true",
                         help="run the smoke checks even when matrix.lock holds a pass for this exact image id")
     parser.set_defaults(func=run)
@@ -21,7 +24,7 @@ def run(args) -> int:
     matrix = arguments.load(args)
     stacks = matrix.select(args.stack, args.local_base)
     outcomes = build.build_all(stacks, args.engine, matrix.project, no_cache=args.no_cache, offline=args.offline,
-                               resmoke=args.resmoke)
+                               resmoke=args.resmoke, load=args.load)
     for outcome in outcomes:
         print(f"{outcome.stack}: {outcome.immutable_tag} {outcome.image_id}")
     return 0

@@ -1,9 +1,10 @@
-"""`builder smoke IMAGE [--gpus all] [--json FILE]`: run the in-image checks."""
+"""`builder smoke IMAGE [--gpus all] [--json FILE]`: run the in-image checks, in the Docker daemon when
+it holds IMAGE, else where `builder build` left it (buildah's storage, through podman's API)."""
 
 from __future__ import annotations
 
 from builder.engine import image_reference
-from builder.image import smoke_gate
+from builder.image import smoke_gate, smoke_host
 from builder.runtime.smoke.program import CHECKS
 
 
@@ -22,4 +23,6 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    return smoke_gate.smoke(image_reference.check_reference(args.image), args.gpus, args.json_path, args.only)
+    image = image_reference.check_reference(args.image)
+    with smoke_host.client_for(image) as client:
+        return smoke_gate.smoke(image, args.gpus, args.json_path, args.only, client)

@@ -1,0 +1,65 @@
+"""`builder build --load`, as buildx: the Docker daemon gets the passed image only when asked, under its
+tags, with the same id; without --load a build's engine copies nothing there. A tiny image built from
+scratch in private buildah storage (a short path: podman's runroot limit)."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import uuid
+from pathlib import Path
+
+import docker
+import pytest
+
+from builder.engine import get_engine
+from builder.engine.buildah import BuildahEngine
+from builder.engine.protocol import BuildRequest
+from builder.image import build
+from engine_helpers import EPOCH, write_context
+
+pytestmark = pytest.mark.engine
+
+
+@pytest.fixture
+def built(tmp_path):
+    root = Path(tempfile.mkdtemp(prefix="load-", dir="/var/tmp"))
+    engine = BuildahEngine(storage_dir=root / "s", export_to_docker=False)
+    name = f"localhost/builder-load-test-{uuid.uuid4().hex[:8]}"
+    context = write_context(tmp_path / "context", "FROM scratch\nCOPY note.txt /note.txt\n",
+                            {"note.txt": f"{name}\n"})
+    result = engine.build(BuildRequest(context_dir=context, dockerfile=context / "Dockerfile", tags=(f"{name}:candidate",),
+                                       source_date_epoch=EPOCH, network="none"))
+    tags = [f"{name}:0.5.9-abc", f"{name}:moving"]
+    for tag in tags:
+        engine.tag(result.image_id, tag)
+    yield engine, result, tags
+    client = docker.from_env()
+    if any(image.id == result.image_id for image in client.images.list(name=name)):
+        client.images.remove(result.image_id, force=True)
+    engine.reset_storage()
+    shutil.rmtree(root)
+
+
+def test_a_build_without_load_leaves_the_docker_daemon_alone(built):
+    engine, result, tags = built
+    assert result.delivered_bytes == 0
+    client = docker.from_env()
+    with pytest.raises(docker.errors.ImageNotFound):
+        client.images.get(result.image_id)
+    assert [store for store, _ in engine.stores()] == ["buildah"]  # the immutable guard looks only there
+
+
+def test_load_puts_the_image_into_docker_under_its_tags_once(built):
+    engine, result, tags = built
+    loader = build.docker_loader(engine)
+    assert loader.storage_dir == engine.storage_dir
+    moved = build.load_into_docker(loader, result, tags)
+    assert moved == sum(layer.size for layer in result.layers) > 0
+    client = docker.from_env()
+    assert [client.images.get(tag).id for tag in tags] == [result.image_id, result.image_id]
+    assert build.load_into_docker(loader, result, tags) == 0  # already there: nothing moves again
+
+
+def test_the_docker_engine_has_nothing_to_load():
+    assert build.docker_loader(get_engine("docker")) is None
