@@ -3,6 +3,7 @@ real sglang and flashinfer wheels, compatibility facts read from the wheels, the
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -16,7 +17,10 @@ from builder.bump import report as bump_report
 from builder.bump import compat_refresh
 from builder.config import compat
 from builder.bump.index import Index
+from builder.config.matrix import load_matrix
 from builder.image import patch_verdict
+from builder.lock import records
+from builder.lock.model import ImageRecord, LockedBase
 
 REPO = Path(__file__).resolve().parent.parent
 PATCHES = REPO / "patches"
@@ -161,9 +165,23 @@ def _record(**changes) -> dict:
     return record
 
 
+def _recorded_old_image(root: Path) -> None:
+    """The old row's image as a build records it: a report with its layers and smoke summary."""
+    reports = root / "build-reports"
+    reports.mkdir()
+    (reports / "old.json").write_text(json.dumps({
+        "layers": [{"bytes": 5_000_000_000}, {"bytes": 6_550_000_000}],
+        "smoke": {"passed": True, "summary": {"pass": 28, "fail": 0, "skip": 16}}}))
+    stack = load_matrix(REPO / "matrix.toml").stack("sglang-0.5.9-cu128-local")
+    base = LockedBase(stack.base.name, stack.base.image, True)
+    records.record_build(stack.name, ImageRecord("sha256:" + "1" * 64, "sglang:old", ("sglang:old",), "f" * 64, base,
+                                                 stack.source_date_epoch, "build-reports/old.json", "p.json"),
+                         {"passed": True}, root / "matrix.lock")
+
+
 def test_report_lists_versions_rows_pins_verdicts_decisions_and_both_images(tmp_path):
     shutil.copy(REPO / "matrix.lock", tmp_path / "matrix.lock")
-    shutil.copytree(REPO / "build-reports", tmp_path / "build-reports")
+    _recorded_old_image(tmp_path)
     text = bump_report.markdown(_record(), tmp_path, tmp_path / "matrix.lock")
     assert text.startswith("# Bump: sglang-0.5.9 -> sglang-0.5.23\n")
     assert "| `sglang` | 0.5.9 | 0.5.23 |" in text
