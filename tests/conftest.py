@@ -24,8 +24,9 @@ from builder.image.deb_cache import DebCache
 from builder.image.local_base import BaseSpec, make_base
 from builder.config.matrix import load_matrix
 from engine_helpers import BASE_EPOCH, TEST_BASE_TAG
-from support import (REPO, base_digest_of, locked_base_packages, registry_image, resolution_of, run_builder,
-                     system_packages_of)
+from checkouts import REPO, run_builder
+from lock_values import base_digest_of, locked_base_packages, resolution_of, system_packages_of
+from registries import registry_image
 
 BUILT_STACK = "sglang-0.5.9-cu128-local"
 

@@ -38,7 +38,7 @@ from urllib.parse import urlsplit
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from builder.config.matrix import load_matrix
-from support import REPO, link_project_files
+from checkouts import REPO, link_project_files
 
 CU130 = "sglang-0.5.9-cu130"
 WHEEL_TIME = (2026, 1, 1, 0, 0, 0)

@@ -14,7 +14,7 @@ from pathlib import Path
 import docker
 import pytest
 
-from support import link_project_files
+from checkouts import link_project_files
 from builder.cli.main import main
 from builder.engine.protocol import BuildRequest
 from builder.engine.docker import DockerEngine

@@ -21,7 +21,7 @@ from builder.image.local_base import (
 )
 from builder.cli.commands.base import spec_from_args
 from builder.image.deb_cache import DebCache
-from support import locked_base_packages
+from lock_values import locked_base_packages
 from builder.engine.buildah import BuildahEngine
 from builder.config.matrix import load_matrix
 from builder.engine.daemon import DockerDaemon

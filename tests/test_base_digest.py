@@ -20,7 +20,7 @@ from builder.config.stack import Base
 from builder.errors import UserError
 from builder.publish import base_digest
 from builder.publish.registry_http import Retry
-from support import Registry, TokenIssuer, free_port
+from registries import Registry, TokenIssuer, free_port
 
 USER, PASSWORD = "builder", "s3cret-passw0rd"
 REPOSITORY, TAG = "nvidia/cuda", "13.0.1-cudnn-devel-ubuntu24.04"

@@ -16,7 +16,8 @@ from builder.image import build
 from builder.image.deb_cache import DebCache
 from builder.lock import store
 from builder.lock.model import SmokeRecord
-from support import REPO, run_builder, system_packages_of
+from checkouts import REPO, run_builder
+from lock_values import system_packages_of
 
 MATRIX = load_matrix(REPO / "matrix.toml")
 LOCAL = MATRIX.select(["sglang-0.5.9-cu128"], local_base=True)[0]

@@ -21,7 +21,7 @@ from builder.engine import get_engine
 from builder.engine.buildah import BuildahEngine
 from builder.engine.protocol import BuildRequest
 from builder.config.matrix import load_matrix
-from support import run_builder
+from checkouts import run_builder
 
 pytestmark = [pytest.mark.engine, pytest.mark.network, pytest.mark.slow]
 

@@ -16,7 +16,7 @@ import pytest
 
 from builder.config.matrix import load_matrix
 from builder.engine.buildah import BuildahEngine
-from support import REPO
+from checkouts import REPO
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine, pytest.mark.network]
 

@@ -19,7 +19,9 @@ from builder.image.compose import STOP_MARGIN_S, STOP_TIMEOUT_S
 from builder.lock import records, store
 from builder.lock.model import ImageRecord, LockedBase, PushRecord
 from builder.lock.resolution import lock_stacks
-from support import REPO, base_digest_of, compose_binary, resolution_of, system_packages_of
+from checkouts import REPO
+from compose_tools import compose_binary
+from lock_values import base_digest_of, resolution_of, system_packages_of
 
 MATRIX = load_matrix(REPO / "matrix.toml")
 COMPOSE_FILES = sorted((REPO / "images").glob("*/compose.yaml"))

@@ -15,7 +15,9 @@ from types import SimpleNamespace
 import docker
 import pytest
 
-from support import REPO, compose_command, free_port
+from checkouts import REPO
+from compose_tools import compose_command
+from registries import free_port
 
 pytestmark = [pytest.mark.engine, pytest.mark.network, pytest.mark.slow]
 

@@ -13,7 +13,7 @@ import pytest
 from builder.image import context, tags
 from builder.errors import UserError
 from builder.config.matrix import load_matrix
-from support import REPO, clone_checkout
+from checkouts import REPO, clone_checkout
 
 STACK = load_matrix(REPO / "matrix.toml").stack("sglang-0.5.9-cu128-local")
 BASE = "sha256:" + "b" * 64

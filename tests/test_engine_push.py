@@ -19,7 +19,8 @@ from builder.cli.main import main
 from builder.config.matrix import load_matrix
 from builder.lock import store
 from engine_helpers import tar_bytes
-from support import REPO, Registry, free_port
+from checkouts import REPO
+from registries import Registry, free_port
 
 pytestmark = pytest.mark.engine
 

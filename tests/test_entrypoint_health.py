@@ -11,7 +11,7 @@ import time
 import pytest
 
 from standin_sglang import harness
-from support import free_port
+from registries import free_port
 
 
 class Server:

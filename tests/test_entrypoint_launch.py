@@ -14,7 +14,7 @@ import pytest
 from builder.runtime import stackinfo
 from builder.runtime.serve import launch
 from builder.runtime.serve.errors import UsageError
-from support import in_image_tools
+from checkouts import in_image_tools
 from standin_sglang import harness
 
 PY = "/opt/venv/bin/python"

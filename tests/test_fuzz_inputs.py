@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from support import link_project_files
+from checkouts import link_project_files
 from builder.cli.main import main as builder_main
 from builder.runtime.serve import entrypoint, preflight, supervise
 from standin_sglang import harness

@@ -14,7 +14,7 @@ import pytest
 
 from builder.engine.buildah import BuildahEngine
 from builder.lock import store
-from support import REPO, run_builder
+from checkouts import REPO, run_builder
 
 pytestmark = [pytest.mark.engine, pytest.mark.network, pytest.mark.slow]
 

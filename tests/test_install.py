@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from support import clone_checkout
+from checkouts import clone_checkout
 
 pytestmark = pytest.mark.network
 

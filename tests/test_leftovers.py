@@ -27,7 +27,7 @@ from builder.engine.progress import Progress
 from builder.image import smoke_host
 from builder.image.layer_diff import discard_storage
 from engine_helpers import write_context
-from support import REPO
+from checkouts import REPO
 
 pytestmark = pytest.mark.engine
 

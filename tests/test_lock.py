@@ -19,7 +19,7 @@ from builder.lock.model import ImageRecord, LockedBase, PinnedRecord, PushRecord
 from builder.lock.resolution import check_current, lock_stacks, record_base, requirements
 from builder.errors import BuildFailure, UserError
 from builder.config.matrix import load_matrix
-from support import IMAGE, OTHER_IMAGE, base_digest_of, bench_report, dist, resolution_of, system_packages_of
+from lock_values import IMAGE, OTHER_IMAGE, base_digest_of, bench_report, dist, resolution_of, system_packages_of
 
 REPO = Path(__file__).resolve().parent.parent
 MATRIX = load_matrix(REPO / "matrix.toml")
@@ -165,7 +165,7 @@ def test_requirements_for_renders_groups_pinned_to_the_locked_files(path):
     assert list(texts) == ["torch", "kernels", "sglang"]
     torch_text = texts["torch"]
     assert torch_text.startswith("# sglang-0.5.9-cu130, install group torch: generated from matrix.lock")
-    chosen = ('filelock'.encode().hex() * 64)[:64]  # the file the lock chose (support.dist)
+    chosen = ('filelock'.encode().hex() * 64)[:64]  # the file the lock chose (lock_values.dist)
     assert f"filelock==3.20.0 \\\n    --hash=sha256:{chosen}\n" in torch_text
     assert 'a' * 64 not in torch_text and 'b' * 64 not in torch_text
     assert torch_text.index("filelock==") < torch_text.index("torch==2.9.1+cu130")

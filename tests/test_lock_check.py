@@ -15,7 +15,7 @@ from builder.lock import check as lock_check, records, store
 from builder.lock.model import ImageRecord, LockedBase
 from builder.lock.resolution import record_base
 from builder.config.matrix import load_matrix
-from support import clone_checkout, run_builder
+from checkouts import clone_checkout, run_builder
 
 BASE = "sha256:" + "b" * 64
 IMAGE = "sha256:" + "1" * 64
@@ -95,7 +95,7 @@ def test_a_row_resolved_from_other_pins_is_named(project):
 def _lock_registry_row_debs(root: Path, matrix) -> tuple:
     """The cu128 registry row's system packages locked (made-up files) and its debs.txt rendered from them."""
     from builder.image import render
-    from support import system_packages_of
+    from lock_values import system_packages_of
     stack = matrix.stack("sglang-0.5.9-cu128")
     locked = system_packages_of(stack.base.apt)
 

@@ -13,7 +13,8 @@ from builder.lock.resolution import lock_stacks
 from builder.cli.main import main
 from builder.errors import UserError
 from builder.config.matrix import load_matrix
-from support import IMAGE, base_digest_of, bench_report, link_project_files, resolution_of, system_packages_of
+from checkouts import link_project_files
+from lock_values import IMAGE, base_digest_of, bench_report, resolution_of, system_packages_of
 
 REPO = Path(__file__).resolve().parent.parent
 MATRIX_TEXT = (REPO / "matrix.toml").read_text()

@@ -12,7 +12,7 @@ import pytest
 
 from builder.lock import records, store
 from builder.lock.model import LockedBase
-from support import run_builder
+from checkouts import run_builder
 
 REPO = Path(__file__).resolve().parent.parent
 SCHEMA_1 = REPO / "tests" / "data" / "matrix.schema1.lock"

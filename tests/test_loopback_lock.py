@@ -28,7 +28,8 @@ from builder.publish.registry_http import Retry
 from builder.errors import UserError
 from loopback_debian import DebianMirror, Signer, real_debs
 from loopback_index import ROW_SYSTEM_PACKAGES, LoopbackServer, cu130_env, cu130_project, sha256_of
-from support import REPO, Registry, free_port, run_builder
+from checkouts import REPO, run_builder
+from registries import Registry, free_port
 
 pytestmark = pytest.mark.engine  # the registry's base is pushed from buildah's storage
 

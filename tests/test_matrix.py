@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from support import link_project_files
+from checkouts import link_project_files
 from builder.cli.main import main
 from builder.config.matrix import MatrixError, load_matrix
 

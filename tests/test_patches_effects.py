@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from builder.image import patch_series
-from support import REPO
+from checkouts import REPO
 
 torch = pytest.importorskip("torch", reason="the patched modules import torch (the CPU build is enough)")
 import torch.distributed  # noqa: E402

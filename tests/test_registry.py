@@ -18,7 +18,8 @@ from builder.cli.main import main
 from builder.errors import BuildFailure, UserError
 from builder.config.matrix import load_matrix
 
-from support import Registry, compose_command, free_port
+from compose_tools import compose_command
+from registries import Registry, free_port
 
 REPO = Path(__file__).resolve().parent.parent
 STACK = load_matrix(REPO / "matrix.toml").stack("sglang-0.5.9-cu128")

@@ -20,7 +20,9 @@ from builder.cli.main import main
 from builder.config.matrix import load_matrix
 from builder.errors import BuildFailure, UserError
 
-from support import REPO, Registry, TokenIssuer, compose_command
+from checkouts import REPO
+from compose_tools import compose_command
+from registries import Registry, TokenIssuer
 
 STACK = load_matrix(REPO / "matrix.toml").stack("sglang-0.5.9-cu128")
 

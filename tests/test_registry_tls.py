@@ -32,7 +32,8 @@ from builder.publish import base_digest
 from builder.publish.registry_http import Retry
 from loopback_index import LoopbackServer, cu130_env, cu130_project
 from netns_registry import MANIFEST
-from support import REPO, free_port, link_project_files, run_builder
+from checkouts import REPO, link_project_files, run_builder
+from registries import free_port
 
 USER, PASSWORD = "builder", "s3cret-passw0rd"
 LOGIN = "Basic " + base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()

@@ -20,7 +20,8 @@ from builder.errors import UserError
 from builder.config.matrix import load_matrix
 from builder.config.stack import Override, Package
 from loopback_index import LoopbackServer, make_wheel, sha256_of
-from support import base_digest_of, free_port, system_packages_of
+from lock_values import base_digest_of, system_packages_of
+from registries import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 ROW = load_matrix(REPO / "matrix.toml").stack("sglang-0.5.9-cu128")

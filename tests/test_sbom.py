@@ -25,7 +25,7 @@ from builder.errors import BuildFailure
 from builder.config.matrix import load_matrix
 from builder.lock.model import Distribution
 from builder.lock.resolve import PLATFORM, WheelResolution
-from support import base_digest_of, system_packages_of
+from lock_values import base_digest_of, system_packages_of
 
 REPO = Path(__file__).resolve().parent.parent
 STACK = load_matrix(REPO / "matrix.toml").stack("sglang-0.5.9-cu128")

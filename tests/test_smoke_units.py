@@ -12,7 +12,7 @@ from pathlib import Path
 from builder.runtime import apply_patch
 from builder.runtime.binaries import loader as library_loader
 from builder.runtime.smoke import env, patches
-from support import in_image_tools
+from checkouts import in_image_tools
 
 
 def test_patch_new_side_and_a_removed_line_that_looks_like_a_header():

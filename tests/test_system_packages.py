@@ -23,7 +23,7 @@ from builder.lock import store
 from builder.lock import system_packages as locked_debs
 from loopback_debian import DebianMirror, Signer, control, real_debs, rebuilt
 from loopback_index import LoopbackServer, cu130_env, cu130_project
-from support import REPO, run_builder
+from checkouts import REPO, run_builder
 
 FIRST_DATE, FIRST_STAMP = "Thu, 01 Jan 2026 00:00:00 UTC", "20260101T000000Z"
 MOVED_DATE = "Sun, 01 Feb 2026 00:00:00 UTC"

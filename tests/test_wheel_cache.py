@@ -20,7 +20,7 @@ from builder.errors import BuildFailure, UserError
 from builder.image import wheel_cache
 from builder.lock import store
 from builder.lock.model import Distribution, LockedBase, Resolution
-from tests.support import REPO
+from tests.checkouts import REPO
 
 
 def make_wheel(directory: Path, name: str, version: str, payload: str = "VALUE = 1\n") -> Path:

