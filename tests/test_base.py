@@ -169,9 +169,11 @@ def test_hand_written_archive_loads_with_its_digest_in_both_engines(tmp_path):
 
 @pytest.mark.engine
 @pytest.mark.network
-def test_real_base_is_reproducible_and_loaded_everywhere(base_image, tmp_path):
-    # A second, independent mmdebstrap run gives the same tarball and so the same digest.
-    again = make_base(BaseSpec(source_date_epoch=BASE_EPOCH, tag=TEST_BASE_TAG), tmp_path, locked_base_packages(),
+def test_real_base_is_reproducible_and_loaded_everywhere(base_image, tmp_path, monkeypatch):
+    # A second, independent mmdebstrap run gives the same tarball and so the same digest, into a relative
+    # folder as `builder base`'s default output is (build/base).
+    monkeypatch.chdir(tmp_path)
+    again = make_base(BaseSpec(source_date_epoch=BASE_EPOCH, tag=TEST_BASE_TAG), Path("."), locked_base_packages(),
                       DebCache())
     assert again.rootfs_sha256 == base_image.rootfs_sha256
     assert again.image_id == base_image.image_id

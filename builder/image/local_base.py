@@ -288,6 +288,7 @@ def make_base(
 ) -> BaseResult:
     """Build the base from the locked .debs (twice when check_reproducible), write it to output_dir, load it
     into engine. The cache gets the .debs it lacks first."""
+    output_dir = Path(output_dir).resolve()  # apt reads the local repository by an absolute copy:// URL
     output_dir.mkdir(parents=True, exist_ok=True)
     cache.fill(locked, "base")
     stem = f"base-{spec.suite}-{spec.architecture}"
