@@ -30,7 +30,8 @@ from builder.errors import UserError
 from builder.lock import store
 from builder.publish import base_digest
 from builder.publish.registry_http import Retry
-from loopback_index import LoopbackServer, cu130_env, cu130_project
+from loopback_debian import DebianMirror, Signer, real_debs
+from loopback_index import ROW_SYSTEM_PACKAGES, LoopbackServer, cu130_env, cu130_project
 from netns_registry import MANIFEST
 from checkouts import REPO, link_project_files, run_builder
 from registries import free_port
@@ -153,7 +154,13 @@ def project(tmp_path_factory):
     """The CUDA 13 row with every wheel source on loopback (tests/loopback_index.py); each test points
     its base at the namespace's host."""
     server = LoopbackServer(tmp_path_factory.mktemp("sources"))
-    yield cu130_project(tmp_path_factory.mktemp("project"), server, "registry.invalid")
+    # The row's system packages from Debian's archive on loopback (real .debs, a key made here): the
+    # control test locks the whole row once the base digest is allowed through.
+    signer = Signer(tmp_path_factory.mktemp("signer"))
+    mirror = DebianMirror(server, signer)
+    mirror.publish(real_debs(ROW_SYSTEM_PACKAGES), "Thu, 01 Jan 2026 00:00:00 UTC")
+    yield cu130_project(tmp_path_factory.mktemp("project"), server, "registry.invalid",
+                        (mirror.source_line, signer.keyring))
     server.stop()
 
 
