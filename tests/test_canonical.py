@@ -10,7 +10,7 @@ import tarfile
 
 import pytest
 
-from builder.engine import canonical
+from builder.engine import canonical, canonical_export
 from builder.engine.canonical_export import CanonicalIndex
 from builder.errors import BuildFailure
 
@@ -153,3 +153,14 @@ def test_the_index_remembers_layers_by_native_layer_and_stub_rule(tmp_path):
     assert index.layer("sha256:n", True) == ("sha256:c", 10)
     assert index.layer("sha256:n", False) is None  # the other rule makes another layer
     assert index.image("sha256:i") == "sha256:k"
+
+
+@pytest.mark.parametrize("name, listed", [
+    ("sglang-candidate:0.5.9-cu128-local-0123456789ab.host.42", "localhost/sglang-candidate:0.5.9-cu128-local-0123456789ab.host.42"),
+    ("localhost/sglang:x", "localhost/sglang:x"),
+    ("registry.example:5000/team/sglang:x", "registry.example:5000/team/sglang:x"),
+    ("team/sglang:x", "localhost/team/sglang:x"),
+])
+def test_a_tag_is_compared_as_buildah_lists_it(name, listed):
+    """The export keeps the tag it was asked for: buildah lists an unqualified one under localhost/."""
+    assert canonical_export._qualified(name) == listed

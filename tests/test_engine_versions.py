@@ -32,7 +32,7 @@ RUN echo {{last}} > /opt/last.txt
 
 def request(tmp_path, last: str = "one") -> BuildRequest:
     context = write_context(tmp_path / f"ctx-{last}", DOCKERFILE.format(last=last), {"hello.txt": "hello\n"})
-    return BuildRequest(context_dir=context, dockerfile=context / "Dockerfile", tags=("localhost/engine-versions:1",),
+    return BuildRequest(context_dir=context, dockerfile=context / "Dockerfile", tags=("engine-versions:1",),
                         source_date_epoch=EPOCH, build_args={"SOURCE_DATE_EPOCH": str(EPOCH)}, network="none",
                         platform="linux/amd64")
 

@@ -157,9 +157,11 @@ def _export(buildah: Sequence[str], native: NativeImage, index: CanonicalIndex, 
         got = pulled[-1] if pulled else ""
         if ("sha256:" + got.removeprefix("sha256:")) != image_id:
             raise BuildFailure(f"buildah stored the canonical image as {got or 'nothing'}, expected {image_id}")
-        # The pull names the image after the layout's path: give it `name` instead.
+        # The pull names the image after the layout's path: give it `name` instead. Only the names the
+        # pull added go (buildah stores `name` qualified, e.g. with localhost/, so it is kept by value).
+        added = _names(buildah, image_id) - names_before
         run_quiet([*buildah, "tag", image_id, name], f"buildah tag {image_id} {name}")
-        for extra in _names(buildah, image_id) - names_before - {name}:
+        for extra in added - {name, _qualified(name)}:
             run_quiet([*buildah, "rmi", extra], f"removing the name {extra}")
         for i, (diff_id, size) in enumerate(layers):
             if i >= native.base_layers:
@@ -178,6 +180,13 @@ def _rewrite(blobs: Path, descriptor: dict, drop_stubs: bool, native_diff_id: st
     source.unlink()  # the engine's copy: not needed any more, and it is as large as the canonical one
     partial.replace(blobs / _hex(made.diff_id))
     return made
+
+
+def _qualified(name: str) -> str:
+    """`name` as buildah lists it: a name with no registry part lives under localhost/."""
+    first = name.split("/", 1)[0]
+    has_registry = "/" in name and ("." in first or ":" in first or first == "localhost")
+    return name if has_registry else f"localhost/{name}"
 
 
 def _names(buildah: Sequence[str], image_id: str) -> set[str]:
