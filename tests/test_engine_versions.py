@@ -32,7 +32,7 @@ RUN echo {{last}} > /opt/last.txt
 
 def request(tmp_path, last: str = "one") -> BuildRequest:
     context = write_context(tmp_path / f"ctx-{last}", DOCKERFILE.format(last=last), {"hello.txt": "hello\n"})
-    return BuildRequest(context_dir=context, dockerfile=context / "Dockerfile", tags=("engine-versions:1",),
+    return BuildRequest(context_dir=context, dockerfile=context / "Dockerfile", tags=("localhost/engine-versions:1",),
                         source_date_epoch=EPOCH, build_args={"SOURCE_DATE_EPOCH": str(EPOCH)}, network="none",
                         platform="linux/amd64")
 
@@ -65,6 +65,8 @@ def test_buildah_1_28_and_1_39_build_one_image_id(private_engine, trixie_buildah
     for name, command in (("bookworm", ["buildah"]), ("trixie", trixie_buildah)):
         engine = private_engine(name, command)
         first = engine.build(request(tmp_path))
+        # What verify --against-lock compares: the same id, computed without storing the canonical image.
+        assert engine.canonical_id(first.native_id, request(tmp_path)) == first.image_id
         again = engine.build(request(tmp_path))  # the layer cache and the earlier export: nothing rewritten
         assert (again.image_id, again.native_id, again.canonical_layers) == (first.image_id, first.native_id, 0)
         engine.save(first.image_id, tmp_path / f"{name}.tar")

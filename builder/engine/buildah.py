@@ -128,12 +128,11 @@ class BuildahEngine:
     def image_id(self, ref: str) -> str | None:
         return self._image_id_or_none(ref)
 
-    def build(self, request: BuildRequest) -> BuildResult:
+    def build_native(self, request: BuildRequest) -> str:
+        """The engine's own image of `request`, untagged (build() then puts its canonical form in storage)."""
         self.check()
         check_request_inputs(request)
         self._check_single_names(request)
-        started = time.monotonic()
-        previous = self._previous_tags(request.tags)
         with tempfile.TemporaryDirectory(prefix="builder-iid-") as scratch:
             iidfile = Path(scratch) / "iid"
             run_streaming(
@@ -141,7 +140,12 @@ class BuildahEngine:
                 what=f"buildah build of {request.tags[0]}",
                 on_line=request.progress,
             )
-            native_id = _normalise_id(iidfile.read_text().strip())
+            return _normalise_id(iidfile.read_text().strip())
+
+    def build(self, request: BuildRequest) -> BuildResult:
+        started = time.monotonic()
+        previous = self._previous_tags(request.tags)
+        native_id = self.build_native(request)
         try:
             exported = self._canonical(native_id, request)
         except BaseException:
@@ -174,6 +178,25 @@ class BuildahEngine:
             return canonical_export.CanonicalIndex(self.storage_dir / "canonical-index")
         return canonical_export.CanonicalIndex(cache_root() / "canonical-index")
 
+    def canonical_id(self, native_id: str, request: BuildRequest) -> str:
+        """The id build() would give `native_id`, without storing the canonical image (verify's check)."""
+        return canonical_export.canonical_id(self._global_args(), self._native(native_id, request),
+                                             self._canonical_workdir())
+
+    def _native(self, native_id: str, request: BuildRequest) -> canonical_export.NativeImage:
+        info = self.inspect(native_id)
+        base_layers, base_history = self._base_prefix(info, request)
+        return canonical_export.NativeImage(
+            image_id=native_id, config=dict(info.config),
+            diff_ids=tuple(layer.diff_id for layer in info.layers),
+            sizes=tuple(layer.size for layer in info.layers),
+            steps=tuple(layer.created_by for layer in info.layers),
+            base_layers=base_layers, base_history=base_history,
+        )
+
+    def _canonical_workdir(self) -> Path:
+        return self.storage_dir / "tmp" if self.storage_dir is not None else Path(tempfile.gettempdir())
+
     def _canonical(self, native_id: str, request: BuildRequest) -> canonical_export.Export:
         """The canonical form of the engine's image: the one found by an earlier export of the same
         image, else a new one (canonical_export.py)."""
@@ -181,19 +204,10 @@ class BuildahEngine:
         known = index.image(native_id)
         if known is not None and self.exists(known):
             return canonical_export.Export(known)
-        info = self.inspect(native_id)
-        base_layers, base_history = self._base_prefix(info, request)
-        native = canonical_export.NativeImage(
-            image_id=native_id, config=dict(info.config),
-            diff_ids=tuple(layer.diff_id for layer in info.layers),
-            sizes=tuple(layer.size for layer in info.layers),
-            steps=tuple(layer.created_by for layer in info.layers),
-            base_layers=base_layers, base_history=base_history,
-        )
-        workdir = self.storage_dir / "tmp" if self.storage_dir is not None else Path(tempfile.gettempdir())
+        native = self._native(native_id, request)
         if request.progress:
             request.progress(f"canonical export of {native_id}")
-        return canonical_export.export(self._global_args(), native, index, workdir, request.tags[0])
+        return canonical_export.export(self._global_args(), native, index, self._canonical_workdir(), request.tags[0])
 
     def _base_prefix(self, info: ImageInfo, request: BuildRequest) -> tuple[int, int]:
         """(layers, history entries) the image takes unchanged from its base: the base named in the

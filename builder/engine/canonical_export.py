@@ -169,6 +169,40 @@ def _export(buildah: Sequence[str], native: NativeImage, index: CanonicalIndex, 
         return Export(image_id, rewritten, written)
 
 
+class _Discard:
+    """A sink that keeps nothing: the rewrite's own hashing gives the diff_id."""
+
+    def write(self, data: bytes) -> int:
+        return len(data)
+
+
+def canonical_id(buildah: Sequence[str], native: NativeImage, workdir: Path) -> str:
+    """The id the canonical form of `native` would have, computed without storing it: each pushed layer
+    is rewritten into a hash and deleted. What `builder verify --against-lock` compares, at the cost of
+    one copy of the layers in flight instead of two."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="builder-canonical-id-", dir=workdir) as scratch:
+        layout = Path(scratch)
+        blobs = layout / "blobs" / "sha256"
+        blobs.mkdir(parents=True)
+        _write_layout_files(layout, [])
+        for diff_id in native.diff_ids[:native.base_layers]:
+            (blobs / _hex(diff_id)).touch()  # the base's layers are kept as they are: no need to read them
+        run_quiet([*buildah, "push", "--quiet", "--compression-format", "gzip", "--compression-level", "0",
+                   native.image_id, f"oci:{layout}:{_REF}"], f"exporting {native.image_id} for its canonical id")
+        pushed = _read_manifest(layout)["layers"]
+        diff_ids = list(native.diff_ids[:native.base_layers])
+        for i in range(native.base_layers, len(pushed)):
+            drop = canonical.is_run_step(native.steps[i])
+            source = blobs / _hex(pushed[i]["digest"])
+            opener = gzip.open if pushed[i].get("mediaType", "").endswith("gzip") else open
+            with opener(source, "rb") as stream:
+                diff_ids.append(canonical.rewrite_layer(stream, _Discard(), drop, native.diff_ids[i]).diff_id)
+            source.unlink(missing_ok=True)
+    config = canonical.canonical_config(native.config, diff_ids, native.base_history)
+    return "sha256:" + hashlib.sha256(config).hexdigest()
+
+
 def _rewrite(blobs: Path, descriptor: dict, drop_stubs: bool, native_diff_id: str) -> canonical.CanonicalLayer:
     source = blobs / _hex(descriptor["digest"])
     if source.stat().st_size == 0:

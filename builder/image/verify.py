@@ -179,9 +179,12 @@ def verify_against_lock(matrix: Matrix, name: str, local_base: bool) -> layer_di
                 if stack.base.local and inputs.base_digest and loaded != inputs.base_digest:
                     raise BuildFailure(f"{stack.name}: the base in buildah's storage is {loaded}, the committed "
                                        f"lock records {inputs.base_digest}: run `builder base`")
-            new_id = fresh.build(request).image_id
+            # The id first, computed without storing the canonical image (one copy of the layers in
+            # flight, not two); only a difference stores it, to compare layers and files.
+            new_id = fresh.canonical_id(fresh.build_native(request), request)
             if new_id == image.image_id:
                 return layer_diff.Comparison(first_id=image.image_id, second_id=new_id)
+            new_id = fresh.build(request).image_id
             locked, locked_engine = _locked_image(image.image_id, export, image.report)
             comparison = _describe_difference(image.image_id, new_id, locked, locked_engine, fresh.inspect(new_id),
                                               fresh)
