@@ -263,7 +263,7 @@ def _build_stack(stack: Stack, engine: Engine, progress: Progress, project: Proj
         durations["deliver_to_docker"] = round(time.monotonic() - loaded, 1)
     write_report(report_path, stack, inputs, result, engine.inspect(result.image_id).config, smoke_result,
                  [immutable_tag, moving])
-    sbom_path = sbom.write_bom(sbom.sbom_path(report_path), stack.name, result.image_id, resolution)
+    sbom_path = sbom.write_bom(sbom.sbom_path(report_path), stack.name, result.image_id, resolution, client=host.client)
     durations["total"] = round(time.monotonic() - started, 1)
     statement = provenance.statement(
         inputs, image_id=result.image_id, immutable_tag=immutable_tag, engine=engine.name,

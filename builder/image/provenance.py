@@ -19,6 +19,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from builder.image.context import BuildInputs
+from builder.lock.model import Distribution
 from builder.files import write_atomic
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
@@ -78,7 +79,7 @@ def statement(
     engine: str,
     engine_version: str,
     source: SourceState,
-    distributions: dict,
+    distributions: tuple[Distribution, ...],
     started: datetime,
     finished: datetime,
     durations_s: dict,
@@ -98,10 +99,9 @@ def statement(
         materials.append({"name": f"base:{inputs.base_reference}", "digest": {base_algorithm: base_hex}})
     else:
         materials.append({"name": f"base:{inputs.base_reference}", "annotations": {"digest": "unpinned"}})
-    for name, item in sorted(distributions.items()):
-        wheel = {"name": f"pypi:{name}=={item['version']}", "digest": {"sha256": item["sha256"]}}
-        wheel["uri"] = item.get("url") or item["wheel"]
-        materials.append(wheel)
+    for item in sorted(distributions, key=lambda d: d.name):
+        materials.append({"name": f"pypi:{item.name}=={item.version}", "digest": {"sha256": item.sha256},
+                          "uri": item.url or item.wheel})
     for item in inputs.files:
         materials.append({"name": item.path, "digest": {"sha256": item.sha256}})
     return {

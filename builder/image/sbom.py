@@ -28,6 +28,7 @@ from packaging.utils import canonicalize_name
 
 from builder.engine.daemon import docker_client
 from builder.image import dpkg
+from builder.image.smoke_gate import own_ulimits
 from builder.errors import BuildFailure, UserError
 from builder.files import write_atomic
 from builder.lock.model import Distribution, LockedBase, Resolution
@@ -55,9 +56,11 @@ print(json.dumps(sorted(rows, key=lambda row: (row[0].lower(), row[1]))))
 def installed_distributions(image: str, client: docker.DockerClient, python: str = VENV_PYTHON) -> list[tuple]:
     """(name, version, sha256 or None) of every distribution the image's Python sees."""
     try:
-        container = client.containers.create(image, ["-c", QUERY], entrypoint=[python], network_disabled=True)
+        # The smoke container's limits: podman's defaults exceed some hosts' hard limits.
+        container = client.containers.create(image, ["-c", QUERY], entrypoint=[python], network_disabled=True,
+                                             ulimits=own_ulimits())
     except docker.errors.ImageNotFound:
-        raise UserError(f"image {image} is not in the Docker daemon") from None
+        raise UserError(f"image {image} is not where the build's Docker API looks") from None
     except docker.errors.APIError as error:
         raise BuildFailure(f"{image}: cannot run {python} in it: {error.explanation or error}") from None
     try:  # removed whatever happens: a container whose start failed stays behind otherwise
