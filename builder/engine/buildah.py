@@ -10,6 +10,7 @@ byte-for-byte, so the image ID (the digest, see engine/base.py) is the same on b
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -178,10 +179,17 @@ class BuildahEngine:
             return canonical_export.CanonicalIndex(self.storage_dir / "canonical-index")
         return canonical_export.CanonicalIndex(cache_root() / "canonical-index")
 
-    def canonical_id(self, native_id: str, request: BuildRequest) -> str:
-        """The id build() would give `native_id`, without storing the canonical image (verify's check)."""
-        return canonical_export.canonical_id(self._global_args(), self._native(native_id, request),
-                                             self._canonical_workdir())
+    def canonical_preview(self, native_id: str, request: BuildRequest) -> ImageInfo:
+        """The canonical image build() would make of `native_id` (id, layers, config), without storing
+        it (verify's check); its files are the native image's, with engine stubs and tar modes aside."""
+        config = canonical_export.canonical_config(self._global_args(), self._native(native_id, request),
+                                                   self._canonical_workdir())
+        data = json.loads(config)
+        diff_ids = list(data.get("rootfs", {}).get("diff_ids", []))
+        layers = layers_from_history(diff_ids, list(data.get("history") or []), [None] * len(diff_ids))
+        labels = dict((data.get("config") or {}).get("Labels") or {})
+        return ImageInfo("sha256:" + hashlib.sha256(config).hexdigest(), (), str(data.get("created", "")), labels,
+                         layers, data)
 
     def _native(self, native_id: str, request: BuildRequest) -> canonical_export.NativeImage:
         info = self.inspect(native_id)

@@ -176,10 +176,10 @@ class _Discard:
         return len(data)
 
 
-def canonical_id(buildah: Sequence[str], native: NativeImage, workdir: Path) -> str:
-    """The id the canonical form of `native` would have, computed without storing it: each pushed layer
-    is rewritten into a hash and deleted. What `builder verify --against-lock` compares, at the cost of
-    one copy of the layers in flight instead of two."""
+def canonical_config(buildah: Sequence[str], native: NativeImage, workdir: Path) -> bytes:
+    """The config (and so the id) the canonical form of `native` would have, computed without storing
+    it: each pushed layer is rewritten into a hash and deleted. What `builder verify --against-lock`
+    compares, at the cost of one copy of the layers in flight instead of two."""
     workdir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="builder-canonical-id-", dir=workdir) as scratch:
         layout = Path(scratch)
@@ -199,8 +199,7 @@ def canonical_id(buildah: Sequence[str], native: NativeImage, workdir: Path) -> 
             with opener(source, "rb") as stream:
                 diff_ids.append(canonical.rewrite_layer(stream, _Discard(), drop, native.diff_ids[i]).diff_id)
             source.unlink(missing_ok=True)
-    config = canonical.canonical_config(native.config, diff_ids, native.base_history)
-    return "sha256:" + hashlib.sha256(config).hexdigest()
+    return canonical.canonical_config(native.config, diff_ids, native.base_history)
 
 
 def _rewrite(blobs: Path, descriptor: dict, drop_stubs: bool, native_diff_id: str) -> canonical.CanonicalLayer:

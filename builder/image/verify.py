@@ -129,7 +129,7 @@ def _locked_image(image_id: str, root: Path, report_path: str | None) -> tuple[I
 
 
 def _describe_difference(expected: str, new_id: str, locked: ImageInfo | None, locked_engine: BuildahEngine | None,
-                         built: ImageInfo, fresh: BuildahEngine) -> layer_diff.Comparison:
+                         built: ImageInfo, fresh: BuildahEngine, mount_id: str) -> layer_diff.Comparison:
     comparison = layer_diff.Comparison(first_id=expected, second_id=new_id)
     if locked is None:
         return comparison
@@ -138,7 +138,7 @@ def _describe_difference(expected: str, new_id: str, locked: ImageInfo | None, l
                    if not f.startswith(("rootfs", "history"))) if locked.config else ()
     files: tuple[layer_diff.FileDifference, ...] = ()
     if index is not None and locked_engine is not None:
-        with locked_engine.mounted(expected) as old_root, fresh.mounted(new_id) as new_root:
+        with locked_engine.mounted(expected) as old_root, fresh.mounted(mount_id) as new_root:
             files = layer_diff.diff_entries(layer_diff.tree_entries(old_root), layer_diff.tree_entries(new_root))
     return layer_diff.Comparison(expected, new_id, layer_index=index, step=step, files=files, config_fields=fields)
 
@@ -179,15 +179,15 @@ def verify_against_lock(matrix: Matrix, name: str, local_base: bool) -> layer_di
                 if stack.base.local and inputs.base_digest and loaded != inputs.base_digest:
                     raise BuildFailure(f"{stack.name}: the base in buildah's storage is {loaded}, the committed "
                                        f"lock records {inputs.base_digest}: run `builder base`")
-            # The id first, computed without storing the canonical image (one copy of the layers in
-            # flight, not two); only a difference stores it, to compare layers and files.
-            new_id = fresh.canonical_id(fresh.build_native(request), request)
+            # The canonical image computed, never stored (one copy of the layers in flight, not two): its
+            # id to compare, its layers and config to describe a difference, the engine's image for files.
+            native_id = fresh.build_native(request)
+            built = fresh.canonical_preview(native_id, request)
+            new_id = built.image_id
             if new_id == image.image_id:
                 return layer_diff.Comparison(first_id=image.image_id, second_id=new_id)
-            new_id = fresh.build(request).image_id
             locked, locked_engine = _locked_image(image.image_id, export, image.report)
-            comparison = _describe_difference(image.image_id, new_id, locked, locked_engine, fresh.inspect(new_id),
-                                              fresh)
+            comparison = _describe_difference(image.image_id, new_id, locked, locked_engine, built, fresh, native_id)
             return replace(comparison, first_engine=f"{locked_by} (matrix.lock)", second_engine=f"{built_by} (this build)")
         finally:
             layer_diff.discard_storage(fresh, fresh.storage_dir)
