@@ -5,6 +5,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 
 import pytest
@@ -77,6 +78,27 @@ def test_build_lands_in_the_docker_daemon_with_the_same_id(base_image, tmp_path)
         for tag in tags:
             engine.remove(tag)
     assert not engine.exists(tags[0]) and DockerDaemon().image_id(tags[0]) is None
+
+
+def test_the_canonical_export_works_under_any_temporary_directory(base_image, tmp_path, monkeypatch):
+    """buildah names a pulled layout after its path: upper case or a trailing "_" in the temporary
+    directory (pytest's names, tempfile's) must not make the import fail, nor leave a name behind."""
+    workdir = tmp_path / "Upper_Case_"
+    workdir.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(workdir))
+    context = write_context(tmp_path / "ctx", f"FROM {TEST_BASE_TAG}\nRUN echo any-directory > /made\n")
+    tag = "localhost/engine-test-any-tmpdir:1"
+    engine = BuildahEngine(export_to_docker=False)
+    result = engine.build(BuildRequest(context_dir=context, dockerfile=context / "Dockerfile", tags=[tag],
+                                       source_date_epoch=EPOCH))
+    try:
+        assert engine.image_digest(tag) == result.image_id
+        listed = subprocess.run(["buildah", "images", "--format", "{{.Name}}"], capture_output=True, text=True,
+                                check=True).stdout
+        assert "builder-canonical" not in listed
+        assert list(workdir.iterdir()) == []  # the layout went with the export
+    finally:
+        engine.remove(tag)
 
 
 def test_failed_step_is_named_with_its_output_and_moves_no_tag(base_image, tmp_path):

@@ -15,13 +15,15 @@ A no-op rebuild finds the engine's image id in the index and the canonical image
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
 import json
+import secrets
+import shutil
 import subprocess
-import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -104,9 +106,7 @@ def export(buildah: Sequence[str], native: NativeImage, index: CanonicalIndex, w
 
 def _export(buildah: Sequence[str], native: NativeImage, index: CanonicalIndex, workdir: Path, name: str,
             reuse: bool) -> Export:
-    workdir.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="builder-canonical-", dir=workdir) as scratch:
-        layout = Path(scratch)
+    with _scratch_layout(workdir, "canonical") as layout:
         blobs = layout / "blobs" / "sha256"
         blobs.mkdir(parents=True)
         _write_layout_files(layout, [])
@@ -152,8 +152,10 @@ def _export(buildah: Sequence[str], native: NativeImage, index: CanonicalIndex, 
         _write_layout_files(layout, [{"mediaType": _MANIFEST, "digest": manifest_digest, "size": len(manifest),
                                       "annotations": {"org.opencontainers.image.ref.name": _REF}}])
         names_before = _names(buildah, image_id)
-        pulled = run_quiet([*buildah, "pull", "--quiet", f"oci:{layout}:{_REF}"], f"importing the canonical "
-                           f"form of {native.image_id}").strip().splitlines()
+        # Pulled by its path relative to `workdir`: buildah names the image after the path it is given,
+        # and a path with upper case or a trailing "_" (pytest's, tempfile's) is not a valid name.
+        pulled = run_quiet([*buildah, "pull", "--quiet", f"oci:{layout.name}:{_REF}"], f"importing the canonical "
+                           f"form of {native.image_id}", cwd=workdir).strip().splitlines()
         got = pulled[-1] if pulled else ""
         if ("sha256:" + got.removeprefix("sha256:")) != image_id:
             raise BuildFailure(f"buildah stored the canonical image as {got or 'nothing'}, expected {image_id}")
@@ -180,9 +182,7 @@ def canonical_config(buildah: Sequence[str], native: NativeImage, workdir: Path)
     """The config (and so the id) the canonical form of `native` would have, computed without storing
     it: each pushed layer is rewritten into a hash and deleted. What `builder verify --against-lock`
     compares, at the cost of one copy of the layers in flight instead of two."""
-    workdir.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="builder-canonical-id-", dir=workdir) as scratch:
-        layout = Path(scratch)
+    with _scratch_layout(workdir, "canonical-id") as layout:
         blobs = layout / "blobs" / "sha256"
         blobs.mkdir(parents=True)
         _write_layout_files(layout, [])
@@ -213,6 +213,19 @@ def _rewrite(blobs: Path, descriptor: dict, drop_stubs: bool, native_diff_id: st
     source.unlink()  # the engine's copy: not needed any more, and it is as large as the canonical one
     partial.replace(blobs / _hex(made.diff_id))
     return made
+
+
+@contextlib.contextmanager
+def _scratch_layout(workdir: Path, kind: str) -> Iterator[Path]:
+    """A fresh, private OCI layout directory under `workdir`, removed afterwards. Its name is always a
+    valid image name (lower-case hex), unlike tempfile's."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    layout = workdir / f"builder-{kind}-{secrets.token_hex(8)}"
+    layout.mkdir(mode=0o700)
+    try:
+        yield layout
+    finally:
+        shutil.rmtree(layout, ignore_errors=True)
 
 
 def _qualified(name: str) -> str:

@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 
 from builder.errors import BuildFailure
 
@@ -76,10 +77,10 @@ def _stop(process: subprocess.Popen) -> None:
         process.wait()
 
 
-def run_quiet(argv: Sequence[str], what: str) -> str:
+def run_quiet(argv: Sequence[str], what: str, cwd: Path | None = None) -> str:
     """Run a short command; return stdout. Raise BuildFailure with its stderr on failure."""
     result = subprocess.run(
-        list(argv), capture_output=True, text=True, stdin=subprocess.DEVNULL, errors="replace"
+        list(argv), capture_output=True, text=True, stdin=subprocess.DEVNULL, errors="replace", cwd=cwd
     )
     if result.returncode != 0:
         message = (result.stderr.strip() or result.stdout.strip()).splitlines()
