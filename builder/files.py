@@ -1,10 +1,12 @@
-"""Writing files so that a reader or a crash never sees a torn one."""
+"""Writing files so that a reader or a crash never sees a torn one; placing cached files cheaply."""
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -49,3 +51,13 @@ def sha256_file(path: Path) -> str:
         while block := stream.read(1 << 20):
             digest.update(block)
     return digest.hexdigest()
+
+
+def link_or_copy(source: Path, target: Path) -> None:
+    """`target` as a hard link to `source` (no gigabytes copied); a copy only across filesystems."""
+    try:
+        os.link(source, target)
+    except OSError as error:
+        if error.errno != errno.EXDEV:
+            raise
+        shutil.copyfile(source, target)

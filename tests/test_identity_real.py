@@ -40,6 +40,8 @@ def test_this_clone_builds_the_image_the_committed_lock_records(built):
     """CI runs on a fresh clone: its build must be the committed record, or the lock is stale."""
     _, report = built
     assert report["image_id"] == committed_image_id()
+    # The smoke checks ran again (--resmoke) and are recorded under the id, not this run's candidate tag.
+    assert report["smoke"]["image"] == report["image_id"]
 
 
 def test_the_committed_lock_describes_the_tree():

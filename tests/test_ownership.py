@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from builder.engine.ownership import Owner
-from builder.image import smoke_gate
+from builder.engine import container_limits
 
 
 def test_a_candidate_tag_carries_its_owner_and_nothing_else_parses_as_one():
@@ -49,7 +49,7 @@ def test_only_a_dead_run_of_this_host_is_gone():
 
 
 def test_the_smoke_container_gets_this_processs_limits_with_nproc_under_pid_max():
-    limits = {limit["Name"]: (limit["Soft"], limit["Hard"]) for limit in smoke_gate.own_ulimits()}
+    limits = {limit["Name"]: (limit["Soft"], limit["Hard"]) for limit in container_limits.own_ulimits()}
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard != resource.RLIM_INFINITY:
         assert limits["nofile"] == (soft, hard)
@@ -61,4 +61,4 @@ def test_the_smoke_container_gets_this_processs_limits_with_nproc_under_pid_max(
     (resource.RLIM_INFINITY, None, None), (resource.RLIM_INFINITY, 32768, 32768), (96364, 32768, 32768),
     (1024, 32768, 1024), (20000, None, 20000)])
 def test_limits_are_capped_and_unlimited_is_left_to_the_engine(value, cap, expected):
-    assert smoke_gate._capped(value, cap) == expected
+    assert container_limits._capped(value, cap) == expected

@@ -8,10 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 
 from builder.runtime import apply_patch
 from builder.runtime.binaries import loader as library_loader
-from builder.runtime.smoke import env, patches
+from builder.runtime.smoke import abi, arch, env, imports, patches
 from checkouts import in_image_tools
 
 
@@ -130,3 +131,16 @@ def test_checks_run_side_by_side_and_report_in_their_order(monkeypatch):
     monkeypatch.setattr(program, "CHECKS", {"slow": slow, "quick": quick})
     results = program.run_checks(env=None, names=["slow", "quick"])
     assert [result.check for result in results] == ["slow", "quick"]
+
+
+@pytest.mark.parametrize("kernel", ["sgl-kernel", "sglang-kernel"])
+def test_sgl_kernel_is_checked_under_the_name_the_stack_pins(kernel, monkeypatch):
+    """sgl-kernel became sglang-kernel (0.4): the imports, abi and arch checks follow the stack's pin."""
+    environment = env.Environment({"stack": "s", "patches": [], "target_arch": ["12.0"], "distributions": {
+        "torch": "2.14.1", kernel: "0.4.10", "flashinfer-python": "0.7.2", "sglang": "0.5.23"}})
+    assert ("sgl_kernel", kernel) in imports.core_modules(environment)
+    assert abi.library_distributions(environment) == ("torch", kernel, "flashinfer-python", "flashinfer-jit-cache")
+    monkeypatch.setattr(env.Environment, "distribution_files", lambda self, name: [])
+    result = arch.run(environment)[0]
+    assert result.check == "arch.sgl-kernel"
+    assert result.status == "fail" and result.detail == f"{kernel} has no common_ops library with device code"

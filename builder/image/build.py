@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -189,7 +189,9 @@ def _smoke(stack: Stack, entry: LockEntry, image_id: str, candidate: str, resmok
     report = smoke_gate.run_in_image(candidate, client=host.client, labels=host.labels())
     durations["smoke"] = round(time.monotonic() - started, 1)
     progress.block(report.table())
-    return report.to_dict()
+    # Recorded under the image id: the candidate tag names this run's process, so a record keeping it
+    # would change with every run of the same image.
+    return replace(report, image=image_id).to_dict()
 
 
 def docker_loader(engine: Engine) -> Engine | None:

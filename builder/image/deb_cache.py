@@ -11,10 +11,8 @@ row's install step mounts it read-only.
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import os
-import shutil
 import tempfile
 import urllib.error
 import urllib.request
@@ -23,6 +21,7 @@ from pathlib import Path
 
 from builder import paths
 from builder.errors import BuildFailure, UserError
+from builder.files import link_or_copy
 from builder.lock.system_packages import DebPackage, SystemPackages
 
 _TIMEOUT_S = 60
@@ -104,13 +103,7 @@ class DebCache:
         """A flat directory with exactly these .debs: hard links, a copy only across filesystems."""
         directory.mkdir(parents=True, exist_ok=True)
         for package in locked.packages:
-            target = directory / package.basename
-            try:
-                os.link(self.path(package), target)
-            except OSError as error:
-                if error.errno != errno.EXDEV:
-                    raise
-                shutil.copyfile(self.path(package), target)
+            link_or_copy(self.path(package), directory / package.basename)
 
 
 def _download(url: str, handle) -> tuple[str, int]:

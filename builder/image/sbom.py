@@ -26,9 +26,9 @@ from cyclonedx.output.json import JsonV1Dot6
 from packageurl import PackageURL
 from packaging.utils import canonicalize_name
 
+from builder.engine.container_limits import own_ulimits
 from builder.engine.daemon import docker_client
 from builder.image import dpkg
-from builder.image.smoke_gate import own_ulimits
 from builder.errors import BuildFailure, UserError
 from builder.files import write_atomic
 from builder.lock.model import Distribution, LockedBase, Resolution

@@ -8,14 +8,13 @@ passed in when asked (`--gpus all` is a DeviceRequest for every GPU).
 from __future__ import annotations
 
 import os
-import resource
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import docker
 import docker.errors
-from docker.types import DeviceRequest, Ulimit
+from docker.types import DeviceRequest
 
+from builder.engine.container_limits import own_ulimits
 from builder.engine.daemon import docker_client
 from builder.errors import BuildFailure, UserError
 from builder.paths import TOOLS_DIR, VENV_PYTHON
@@ -60,32 +59,6 @@ def device_requests(gpus: str | None) -> list[DeviceRequest]:
     else:
         raise UserError(f"--gpus takes 'all' or a positive number, not {gpus!r}")
     return [DeviceRequest(count=count, capabilities=[["gpu"]])]
-
-
-def own_ulimits() -> list[Ulimit]:
-    """This process's own open-file and process limits, so the container starts on any host: podman's
-    defaults (nofile 1048576) exceed some hosts' hard limits, and runc cannot raise a limit. podman
-    also lowers its own process limit to the kernel's pid_max, so nproc stays under that too."""
-    limits = []
-    for name, which, cap in (("nofile", resource.RLIMIT_NOFILE, None), ("nproc", resource.RLIMIT_NPROC, _pid_max())):
-        soft, hard = (_capped(value, cap) for value in resource.getrlimit(which))
-        if None not in (soft, hard):
-            limits.append(Ulimit(name=name, soft=soft, hard=hard))
-    return limits
-
-
-def _capped(value: int, cap: int | None) -> int | None:
-    """None for unlimited with no cap: the engine's default then."""
-    if value == resource.RLIM_INFINITY:
-        return cap
-    return value if cap is None else min(value, cap)
-
-
-def _pid_max() -> int | None:
-    try:
-        return int(Path("/proc/sys/kernel/pid_max").read_text())
-    except (OSError, ValueError):
-        return None
 
 
 def run_in_image(image: str, gpus: str | None = None, only: list[str] | None = None,

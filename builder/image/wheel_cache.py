@@ -14,9 +14,7 @@ builds with `--offline`.
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -28,7 +26,7 @@ from packaging.utils import parse_wheel_filename
 from builder import paths
 from builder.engine import host_network
 from builder.errors import BuildFailure, UserError
-from builder.files import sha256_file
+from builder.files import link_or_copy, sha256_file
 from builder.lock.model import DEFAULT_INDEX, Resolution
 
 
@@ -134,13 +132,7 @@ class WheelCache:
         links, so no gigabytes are copied; a copy only where the cache is on another filesystem."""
         directory.mkdir(parents=True, exist_ok=True)
         for wheel in wheels:
-            target = directory / wheel.filename
-            try:
-                os.link(self.path(wheel), target)
-            except OSError as error:
-                if error.errno != errno.EXDEV:
-                    raise
-                shutil.copyfile(self.path(wheel), target)
+            link_or_copy(self.path(wheel), directory / wheel.filename)
 
 
 def _platform_options(wheels: list[LockedWheel]) -> list[str]:

@@ -23,10 +23,6 @@ from builder.runtime.binaries import loader as library_loader
 from builder.runtime.smoke import report
 from builder.runtime.smoke.env import Environment, normalize, run_python
 
-# Distributions whose shared objects are checked; the extensions among them
-# are loaded into a process that has already imported torch.
-LIBRARY_DISTRIBUTIONS = ("torch", "sgl-kernel", "flashinfer-python", "flashinfer-jit-cache")
-EXTENSION_DISTRIBUTIONS = ("sgl-kernel", "flashinfer-python", "flashinfer-jit-cache")
 # Objects loaded before any extension: `import torch` loads _C and
 # libtorch_global_deps (RTLD_GLOBAL); tvm-ffi (flashinfer's and SGLang's JIT
 # kernel ABI) loads libtvm_ffi.so before their modules.
@@ -61,10 +57,20 @@ def mapped_after_import(modules: tuple[str, ...]) -> list[str]:
     return [line for line in child.stdout.splitlines() if line.startswith("/")]
 
 
+def extension_distributions(env: Environment) -> tuple[str, ...]:
+    """Distributions whose extensions are loaded into a process that has already imported torch."""
+    return env.kernel_distribution(), "flashinfer-python", "flashinfer-jit-cache"
+
+
+def library_distributions(env: Environment) -> tuple[str, ...]:
+    """Distributions whose shared objects are checked."""
+    return ("torch", *extension_distributions(env))
+
+
 def run(env: Environment) -> list[report.Result]:
     scan = _Scan(env)
     results: list[report.Result] = []
-    for distribution in LIBRARY_DISTRIBUTIONS:
+    for distribution in library_distributions(env):
         results.extend(scan.distribution_results(distribution))
     results.append(scan.cxx11())
     return results
@@ -108,7 +114,7 @@ class _Scan:
     def distribution_results(self, distribution: str) -> list[report.Result]:
         name = normalize(distribution)
         checks = [f"abi.needed-libs.{name}", f"abi.symbol-versions.{name}"]
-        if distribution in EXTENSION_DISTRIBUTIONS:
+        if distribution in extension_distributions(self.env):
             checks.append(f"abi.undefined-symbols.{name}")
         if not self.env.in_stack(distribution):
             return [report.skipped(check, f"{distribution} is not part of this stack")
@@ -218,7 +224,7 @@ class _Scan:
             return report.failed(check, f"cannot read torch's ABI flag: {facts['error']}")
         torch_abi = 1 if facts["cxx11_abi"] else 0
         mismatched, agreeing = [], 0
-        for distribution in EXTENSION_DISTRIBUTIONS:
+        for distribution in extension_distributions(self.env):
             if not self.env.in_stack(distribution):
                 continue
             for path in shared_objects(self.env, distribution):

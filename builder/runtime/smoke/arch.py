@@ -69,13 +69,14 @@ def runnable(code: list[elf.DeviceCode], target: tuple[int, int]) -> list[str]:
 
 def _sgl_kernel(env: Environment, targets: list[tuple[int, int]]) -> report.Result:
     check = "arch.sgl-kernel"
-    if not env.in_stack("sgl-kernel"):
-        return report.skipped(check, "sgl-kernel is not part of this stack")
-    files = device_code_files(env, "sgl-kernel")
+    distribution = env.kernel_distribution()
+    if not env.in_stack(distribution):
+        return report.skipped(check, f"{distribution} is not part of this stack")
+    files = device_code_files(env, distribution)
     op_libraries = {path: code for path, code in files.items()
                     if os.path.basename(path).startswith("common_ops")}
     if not op_libraries:
-        return report.failed(check, "sgl-kernel has no common_ops library with device code")
+        return report.failed(check, f"{distribution} has no common_ops library with device code")
     problems, evidence = [], []
     for path, code in sorted(op_libraries.items()):
         short = _short(path)

@@ -26,6 +26,8 @@ from builder.runtime.binaries import loader as library_loader
 IMPORT_TIMEOUT_S = 600
 T, R = TypeVar("T"), TypeVar("R")
 _LOADER_MARKERS = ("undefined symbol", "cannot open shared object file", "version `")
+# The distributions that have shipped the sgl_kernel module, oldest name first.
+KERNEL_DISTRIBUTIONS = ("sgl-kernel", "sglang-kernel")
 
 
 @dataclass(frozen=True)
@@ -107,6 +109,11 @@ class Environment:
 
     def in_stack(self, distribution: str) -> bool:
         return normalize(distribution) in {normalize(name) for name in self.pinned}
+
+    def kernel_distribution(self) -> str:
+        """The distribution that provides sgl_kernel here: sgl-kernel, or sglang-kernel, its name from
+        0.4 on (SGLang 0.5.10 and later). The first name when the stack pins neither."""
+        return next((name for name in KERNEL_DISTRIBUTIONS if self.in_stack(name)), KERNEL_DISTRIBUTIONS[0])
 
     def installed_version(self, distribution: str) -> str | None:
         try:

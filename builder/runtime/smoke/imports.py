@@ -10,20 +10,20 @@ from __future__ import annotations
 from builder.runtime.smoke import report
 from builder.runtime.smoke.env import Environment, run_python, side_by_side
 
-# (module, distribution that provides it), in dependency order.
-CORE_MODULES = (
-    ("torch", "torch"),
-    ("sgl_kernel", "sgl-kernel"),
-    ("flashinfer", "flashinfer-python"),
-    ("sglang.srt.server_args", "sglang"),
-)
+
+def core_modules(env: Environment) -> list[tuple[str, str]]:
+    """(module, distribution that provides it), in dependency order."""
+    return [("torch", "torch"), ("sgl_kernel", env.kernel_distribution()), ("flashinfer", "flashinfer-python"),
+            ("sglang.srt.server_args", "sglang")]
+
+
 # Only a GPU container has the driver's libcuda.so.1; extensions linked
 # against it cannot be imported without one, whatever their state.
 _NEEDS_DRIVER = "libcuda.so.1: cannot open shared object file"
 
 
 def run(env: Environment) -> list[report.Result]:
-    modules = list(CORE_MODULES)
+    modules = core_modules(env)
     for module in patched_modules(env.info):
         if module not in {name for name, _ in modules}:
             modules.append((module, None))
