@@ -138,6 +138,16 @@ def test_the_config_is_the_same_for_both_versions_and_keeps_the_base_history():
     assert old == json.dumps(config, sort_keys=True, separators=(",", ":")).encode()
 
 
+def test_a_run_steps_mount_digest_is_left_out_as_1_28_writes_it():
+    """1.39 appends the digest of a bind mount's source to the RUN step; the inputs hash covers that source."""
+    step = "|1 SOURCE_DATE_EPOCH=1767225600 /bin/sh -c --mount=type=bind,source=wheels,target=/run/wheels,ro pip i"
+    new = canonical.canonical_history_entry({"created_by": f"{step}:sha256:{'42' * 32}"})
+    assert new == canonical.canonical_history_entry({"created_by": step}) == {"created_by": step}
+    # Only a mount's digest goes: a RUN step of no mount, or a COPY, keeps a text that ends the same way.
+    plain = f"/bin/sh -c echo x:sha256:{'42' * 32}"
+    assert canonical.canonical_history_entry({"created_by": plain})["created_by"] == plain
+
+
 def test_different_steps_still_give_different_configs():
     changed = native_config(False, "fc" * 32)
     changed["history"][2]["created_by"] = "/bin/sh -c python3 -m venv /opt/other"

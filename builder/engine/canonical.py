@@ -7,8 +7,9 @@ the same order with the same contents, owners and times, but
     permission bits (0o755);
   - the empty /etc/hostname a RUN step leaves behind (a mount point for the engine's own file): 0755
     under 1.28, 0644 under 1.39;
-  - the history: 1.28 writes "FROM <intermediate id>" comments, and the content digest in
-    "COPY file:<hex> in DEST" is computed differently.
+  - the history: 1.28 writes "FROM <intermediate id>" comments, the content digest in
+    "COPY file:<hex> in DEST" is computed differently, and 1.39 ends a `RUN --mount=type=bind,...`
+    step's created_by with ":sha256:<digest of the mounted source>".
 So a canonical layer has, per entry in the engine's order: name, type, permission bits only, numeric
 uid/gid with no user or group names, integer mtime, size, link target, device numbers and extended
 attributes (SCHILY.xattr.*, sorted), written as POSIX pax by Python's tarfile (a pax header only where
@@ -37,6 +38,8 @@ _CHUNK = 1 << 20
 ENGINE_STUBS = frozenset({"etc/hostname", "etc/hosts", "etc/resolv.conf"})
 _XATTR = "SCHILY.xattr."
 _COPY_DIGEST = re.compile(r"#\(nop\) (COPY|ADD) (file|dir|multi):[0-9a-f]{64} in ")
+# 1.39 ends a RUN step with a bind mount with ":sha256:<digest of what was mounted>"; 1.28 does not.
+_RUN_MOUNT_DIGEST = re.compile(r"(--mount=\S.*):sha256:[0-9a-f]{64}$", re.DOTALL)
 _HISTORY_KEYS = ("created", "created_by", "empty_layer")
 
 
@@ -141,10 +144,15 @@ def rewrite_layer(source: IO[bytes], sink: IO[bytes], drop_stubs: bool, native_d
 
 
 def canonical_history_entry(entry: Mapping[str, object]) -> dict:
-    """created, created_by (COPY's engine-computed source digest left out) and empty_layer only."""
+    """created, created_by (the engine-computed digests of COPY's source and of a RUN step's mounts left
+    out: the inputs hash covers both) and empty_layer only."""
     kept = {key: entry[key] for key in _HISTORY_KEYS if key in entry}
-    if isinstance(kept.get("created_by"), str):
-        kept["created_by"] = _COPY_DIGEST.sub(r"#(nop) \1 \2 in ", kept["created_by"])
+    created_by = kept.get("created_by")
+    if isinstance(created_by, str):
+        created_by = _COPY_DIGEST.sub(r"#(nop) \1 \2 in ", created_by)
+        if is_run_step(created_by):
+            created_by = _RUN_MOUNT_DIGEST.sub(r"\1", created_by)
+        kept["created_by"] = created_by
     return kept
 
 

@@ -135,7 +135,7 @@ def _describe_difference(expected: str, new_id: str, locked: ImageInfo | None, l
         return comparison
     index, step = layer_diff.first_differing_layer(locked.layers, built.layers)
     fields = tuple(f for f in layer_diff.config_differences(dict(locked.config), dict(built.config))
-                   if not f.startswith(("rootfs", "history"))) if locked.config else ()
+                   if not f.startswith("rootfs")) if locked.config else ()  # the layers say it
     files: tuple[layer_diff.FileDifference, ...] = ()
     if index is not None and locked_engine is not None:
         with locked_engine.mounted(expected) as old_root, fresh.mounted(mount_id) as new_root:
