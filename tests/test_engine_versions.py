@@ -27,6 +27,11 @@ RUN --mount=type=bind,source=.,target=/run/context,ro cp /run/context/hello.txt 
 RUN mkdir -p /opt/x && echo hi > /opt/x/a && ln -s a /opt/x/b && ln /opt/x/a /opt/x/c && chmod 4755 /opt/x/a
 LABEL dev.sglang-builder.test=engine-versions
 WORKDIR /opt
+ENV APP_HOME=/opt \\
+    APP_MODE=test
+EXPOSE 30000
+ENTRYPOINT ["/bin/echo"]
+CMD ["serve"]
 RUN echo {{last}} > /opt/last.txt
 """
 
