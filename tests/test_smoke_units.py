@@ -144,3 +144,15 @@ def test_sgl_kernel_is_checked_under_the_name_the_stack_pins(kernel, monkeypatch
     result = arch.run(environment)[0]
     assert result.check == "arch.sgl-kernel"
     assert result.status == "fail" and result.detail == f"{kernel} has no common_ops library with device code"
+
+
+def test_both_string_abis_inside_one_object_are_not_a_mismatch_with_torch():
+    """sglang-kernel 0.4.10's infllm_ops uses the old string's empty representation and new-ABI strings;
+    what it passes to torch is new-ABI, so nothing crosses with the other ABI."""
+    infllm = ["_ZNSs4_Rep20_S_empty_rep_storageE",
+              "_ZNSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEE9_M_createERmm",
+              "_ZN3c106detail14torchCheckFailEPKcS2_jRKNSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEEE"]
+    assert abi.string_abis(infllm) == {0, 1}
+    assert abi.torch_facing_abis(infllm) == {1}
+    # The planted fault of test_smoke_checks: torch's check helper called with the old string.
+    assert abi.torch_facing_abis(["_ZN3c106detail14torchCheckFailEPKcS2_jRKSs"]) == {0}

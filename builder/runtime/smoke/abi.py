@@ -223,25 +223,48 @@ class _Scan:
         if "error" in facts:
             return report.failed(check, f"cannot read torch's ABI flag: {facts['error']}")
         torch_abi = 1 if facts["cxx11_abi"] else 0
-        mismatched, agreeing = [], 0
+        mismatched, agreeing, dual = [], 0, []
         for distribution in extension_distributions(self.env):
             if not self.env.in_stack(distribution):
                 continue
             for path in shared_objects(self.env, distribution):
                 with elf.ElfFile(path) as obj:
-                    abis = string_abis(symbol.name for symbol in obj.dynamic_symbols()
-                                       if not symbol.defined)
-                if abis and abis != {torch_abi}:
-                    found = "/".join(str(abi) for abi in sorted(abis))
+                    undefined = [symbol.name for symbol in obj.dynamic_symbols() if not symbol.defined]
+                abis, facing = string_abis(undefined), torch_facing_abis(undefined)
+                # A mismatch: a string crosses into torch with the other ABI, or the object knows only
+                # the other one. Both ABIs inside one object is libstdc++'s dual ABI, not a mismatch,
+                # as long as what reaches torch agrees.
+                if facing - {torch_abi} or (abis and torch_abi not in abis):
+                    found = "/".join(str(abi) for abi in sorted(abis | facing))
                     mismatched.append(f"{_relative(path, self.env)} uses _GLIBCXX_USE_CXX11_ABI="
                                       f"{found}")
                 elif abis:
                     agreeing += 1
+                    if len(abis) > 1:
+                        dual.append(_relative(path, self.env))
         if mismatched:
             return report.failed(check, _listing(f"torch has _GLIBCXX_USE_CXX11_ABI={torch_abi}",
                                                  mismatched))
+        note = (f"; {len(dual)} also use the other ABI inside, where no string reaches torch: "
+                f"{', '.join(dual)}") if dual else ""
         return report.passed(check, f"torch _GLIBCXX_USE_CXX11_ABI={torch_abi}; {agreeing} "
-                                    "extension objects pass std::string with the same ABI")
+                                    f"extension objects pass std::string with the same ABI{note}")
+
+
+_TORCH_SYMBOLS = ("_ZN3c10", "_ZN2at", "_ZN5torch", "_ZNK3c10", "_ZNK2at", "_ZNK5torch")
+
+
+def torch_facing_abis(undefined: object) -> set[int]:
+    """The std::string ABIs of the undefined symbols that are torch's own (c10, at, torch): what a
+    string crossing into torch is built as."""
+    abis: set[int] = set()
+    for name in undefined:
+        if name.startswith(_TORCH_SYMBOLS):
+            if "St7__cxx11" in name or "B5cxx11" in name:
+                abis.add(1)
+            if "RKSs" in name:  # a const std::string& of the reference-counted (old) string
+                abis.add(0)
+    return abis
 
 
 def string_abis(undefined: object) -> set[int]:
@@ -254,9 +277,7 @@ def string_abis(undefined: object) -> set[int]:
     for name in undefined:
         if "St7__cxx11" in name or "B5cxx11" in name:
             abis.add(1)
-        if name.startswith(("_ZNSs", "_ZNKSs")) or (
-                name.startswith(("_ZN3c10", "_ZN2at", "_ZN5torch", "_ZNK3c10", "_ZNK2at"))
-                and "RKSs" in name):
+        if name.startswith(("_ZNSs", "_ZNKSs")) or (name.startswith(_TORCH_SYMBOLS) and "RKSs" in name):
             abis.add(0)
     return abis
 
