@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import py_compile
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -36,7 +37,7 @@ pytestmark = pytest.mark.network
 
 
 def ensure_venv() -> None:
-    """Create the stack venv once (several GB, shared in the download cache)."""
+    """Create the stack venv (about 10 GB) for this module's tests."""
     if PYTHON.exists():
         return
     subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
@@ -56,7 +57,11 @@ def installed(name: str) -> str:
 @pytest.fixture(scope="module")
 def venv():
     ensure_venv()
-    return PYTHON
+    yield PYTHON
+    # About 10 GB: left for the next run it would stand beside that run's verify storages, the suite's
+    # disk peak (test_identity_real). A venv named by SMOKE_TEST_VENV is the caller's and stays.
+    if "SMOKE_TEST_VENV" not in os.environ:
+        shutil.rmtree(VENV, ignore_errors=True)
 
 
 def site_packages() -> Path:
