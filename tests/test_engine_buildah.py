@@ -157,8 +157,12 @@ def test_ctrl_c_leaves_no_tag_and_no_container(base_image, tmp_path):
     context = write_context(
         tmp_path / "ctx", f"FROM {TEST_BASE_TAG}\nRUN echo step-started && sleep 120\n")
     script = textwrap.dedent(f"""
+        import signal
         import sys
         from pathlib import Path
+        # A terminal's foreground process has Python's Ctrl-C handler; a child of a shell that ignores
+        # SIGINT (a CI runner's background job) would inherit SIG_IGN, and only buildah would stop.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         from builder.engine.protocol import BuildRequest
         from builder.engine.buildah import BuildahEngine
         engine = BuildahEngine(storage_dir=Path({str(storage)!r}), export_to_docker=False)
