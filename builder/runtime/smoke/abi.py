@@ -257,28 +257,25 @@ _TORCH_SYMBOLS = ("_ZN3c10", "_ZN2at", "_ZN5torch", "_ZNK3c10", "_ZNK2at", "_ZNK
 def torch_facing_abis(undefined: object) -> set[int]:
     """The std::string ABIs of the undefined symbols that are torch's own (c10, at, torch): what a
     string crossing into torch is built as."""
-    abis: set[int] = set()
-    for name in undefined:
-        if name.startswith(_TORCH_SYMBOLS):
-            if "St7__cxx11" in name or "B5cxx11" in name:
-                abis.add(1)
-            if "RKSs" in name:  # a const std::string& of the reference-counted (old) string
-                abis.add(0)
-    return abis
+    return string_abis(name for name in undefined if name.startswith(_TORCH_SYMBOLS))
 
 
 def string_abis(undefined: object) -> set[int]:
-    """Which std::string ABIs undefined symbols use: {1} new (std::__cxx11), {0} old, or both.
+    """Which std::string ABIs undefined symbols use: {1} new (std::__cxx11), {0} old, or both."""
+    return set().union(*(_symbol_abis(name) for name in undefined))
 
-    Old-ABI code calls libstdc++'s reference-counted string (`_ZNSs...`, `_ZNKSs...`)
-    and passes it to torch as `Ss` (`...RKSs`); new-ABI code uses `std::__cxx11::`.
+
+def _symbol_abis(name: str) -> set[int]:
+    """The std::string ABIs one mangled name uses.
+
+    New-ABI code names `std::__cxx11::`; old-ABI code calls libstdc++'s reference-counted string
+    (`_ZNSs...`, `_ZNKSs...`) and passes it to torch as `Ss` (`...RKSs`).
     """
     abis: set[int] = set()
-    for name in undefined:
-        if "St7__cxx11" in name or "B5cxx11" in name:
-            abis.add(1)
-        if name.startswith(("_ZNSs", "_ZNKSs")) or (name.startswith(_TORCH_SYMBOLS) and "RKSs" in name):
-            abis.add(0)
+    if "St7__cxx11" in name or "B5cxx11" in name:
+        abis.add(1)
+    if name.startswith(("_ZNSs", "_ZNKSs")) or (name.startswith(_TORCH_SYMBOLS) and "RKSs" in name):
+        abis.add(0)
     return abis
 
 
