@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 from engine_helpers import EPOCH, TEST_BASE_TAG, write_context
 
-from builder.engine import chrooted, engine_root
+from builder.engine import canonical, chrooted, engine_root
 from builder.engine.buildah import COMMAND_ENV, BuildahEngine, buildah_command
+from builder.engine.canonical_export import CanonicalIndex
 from builder.engine.protocol import BuildRequest
 from builder.errors import UserError
 from builder.image.layer_diff import compare, discard_storage, layer_entries, read_image
@@ -107,6 +108,16 @@ def test_a_changed_step_rewrites_only_its_layer_and_a_lost_export_is_made_again(
     again = engine.build(request(tmp_path, "two"))  # the index still names it; the export starts over
     assert again.image_id == changed.image_id and again.native_id == changed.native_id
     assert again.canonical_layers == 5
+    # verify's preview looks up the layers an export recorded, and reads none of them again: the same id,
+    # and a planted record for the top layer is what the preview then reports for it.
+    index = CanonicalIndex(engine.storage_dir / "canonical-index")
+    looked_up = engine.canonical_preview(changed.native_id, request(tmp_path, "two"), known=index)
+    assert looked_up.image_id == changed.image_id
+    top = engine.inspect(changed.native_id).layers[-1]
+    assert "/opt/last.txt" in top.created_by
+    planted = "sha256:" + "0" * 64
+    index.record_layer(top.diff_id, canonical.is_run_step(top.created_by), planted, 1)
+    assert engine.canonical_preview(changed.native_id, request(tmp_path, "two"), known=index).layers[-1].diff_id == planted
 
 
 def test_builder_buildah_names_the_command_as_argument_words(monkeypatch):

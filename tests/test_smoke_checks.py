@@ -37,14 +37,15 @@ pytestmark = pytest.mark.network
 
 
 def ensure_venv() -> None:
-    """Create the stack venv (about 10 GB) for this module's tests."""
+    """Create the stack venv (about 10 GB) for this module's tests. uv fills it in about a minute where
+    pip took about six; with no cache it leaves no second copy of the wheels behind."""
     if PYTHON.exists():
         return
     subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
-    pip = [str(PYTHON), "-m", "pip", "install", "-q"]
-    subprocess.run(pip + STACK_WHEELS, check=True)
-    subprocess.run(pip + ["--no-deps"] + NO_DEPS, check=True)
-    subprocess.run(pip + SERVER_ARGS_DEPS, check=True)
+    install = [sys.executable, "-m", "uv", "pip", "install", "--quiet", "--no-cache", "--python", str(PYTHON)]
+    subprocess.run(install + STACK_WHEELS, check=True)
+    subprocess.run(install + ["--no-deps"] + NO_DEPS, check=True)
+    subprocess.run(install + SERVER_ARGS_DEPS, check=True)
 
 
 def installed(name: str) -> str:

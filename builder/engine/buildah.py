@@ -53,6 +53,11 @@ def buildah_command() -> list[str]:
         raise UserError(f"{COMMAND_ENV}={value!r}: {error}") from None
 
 
+def host_canonical_index() -> canonical_export.CanonicalIndex:
+    """The canonical forms builds in the default storage recorded (a content-keyed cache, like the wheels)."""
+    return canonical_export.CanonicalIndex(cache_root() / "canonical-index")
+
+
 class BuildahEngine:
     """buildah with its default storage, or a private one (storage_dir) for builds from an empty cache.
 
@@ -177,13 +182,15 @@ class BuildahEngine:
     def _canonical_index(self) -> canonical_export.CanonicalIndex:
         if self.storage_dir is not None:
             return canonical_export.CanonicalIndex(self.storage_dir / "canonical-index")
-        return canonical_export.CanonicalIndex(cache_root() / "canonical-index")
+        return host_canonical_index()
 
-    def canonical_preview(self, native_id: str, request: BuildRequest) -> ImageInfo:
+    def canonical_preview(self, native_id: str, request: BuildRequest,
+                          known: canonical_export.CanonicalIndex | None = None) -> ImageInfo:
         """The canonical image build() would make of `native_id` (id, layers, config), without storing
-        it (verify's check); its files are the native image's, with engine stubs and tar modes aside."""
+        it (verify's check); its files are the native image's, with engine stubs and tar modes aside.
+        Layers whose canonical form `known` recorded are looked up, not read again."""
         config = canonical_export.canonical_config(self._global_args(), self._native(native_id, request),
-                                                   self._canonical_workdir())
+                                                   self._canonical_workdir(), known)
         data = json.loads(config)
         diff_ids = list(data.get("rootfs", {}).get("diff_ids", []))
         layers = layers_from_history(diff_ids, list(data.get("history") or []), [None] * len(diff_ids))

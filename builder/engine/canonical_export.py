@@ -108,23 +108,9 @@ def _export(buildah: Sequence[str], native: NativeImage, index: CanonicalIndex, 
             reuse: bool) -> Export:
     with _scratch_layout(workdir, "canonical") as layout:
         blobs = layout / "blobs" / "sha256"
-        blobs.mkdir(parents=True)
-        _write_layout_files(layout, [])
-        drop = [i >= native.base_layers and canonical.is_run_step(step) for i, step in enumerate(native.steps)]
-        known: dict[int, tuple[str, int]] = {}
-        for i, diff_id in enumerate(native.diff_ids):
-            if i < native.base_layers:
-                known[i] = (diff_id, native.sizes[i] or 0)
-            elif reuse and (recorded := index.layer(diff_id, drop[i])) is not None:
-                known[i] = recorded
-        for i in known:
-            (blobs / _hex(native.diff_ids[i])).touch()
-        run_quiet([*buildah, "push", "--quiet", "--compression-format", "gzip", "--compression-level", "0",
-                   native.image_id, f"oci:{layout}:{_REF}"], f"exporting {native.image_id} for rewriting")
-        pushed = _read_manifest(layout)["layers"]
-        if len(pushed) != len(native.diff_ids):
-            raise BuildFailure(f"buildah wrote {len(pushed)} layers of {native.image_id}, its config lists "
-                               f"{len(native.diff_ids)}")
+        drop = _drops(native)
+        known = _known_layers(native, index if reuse else None)
+        pushed = _push_unknown(buildah, native, layout, known, "rewriting")
         layers: list[tuple[str, int]] = []
         rewritten = written = 0
         for i, descriptor in enumerate(pushed):
@@ -178,28 +164,65 @@ class _Discard:
         return len(data)
 
 
-def canonical_config(buildah: Sequence[str], native: NativeImage, workdir: Path) -> bytes:
+def canonical_config(buildah: Sequence[str], native: NativeImage, workdir: Path,
+                     known_index: CanonicalIndex | None = None) -> bytes:
     """The config (and so the id) the canonical form of `native` would have, computed without storing
     it: each pushed layer is rewritten into a hash and deleted. What `builder verify --against-lock`
-    compares, at the cost of one copy of the layers in flight instead of two."""
+    compares, at the cost of one copy of the layers in flight instead of two. A layer `known_index`
+    holds is looked up instead: its canonical form is a function of the engine's layer bytes."""
     with _scratch_layout(workdir, "canonical-id") as layout:
+        drop = _drops(native)
+        known = _known_layers(native, known_index)
+        pushed = _push_unknown(buildah, native, layout, known, "its canonical id")
         blobs = layout / "blobs" / "sha256"
-        blobs.mkdir(parents=True)
-        _write_layout_files(layout, [])
-        for diff_id in native.diff_ids[:native.base_layers]:
-            (blobs / _hex(diff_id)).touch()  # the base's layers are kept as they are: no need to read them
-        run_quiet([*buildah, "push", "--quiet", "--compression-format", "gzip", "--compression-level", "0",
-                   native.image_id, f"oci:{layout}:{_REF}"], f"exporting {native.image_id} for its canonical id")
-        pushed = _read_manifest(layout)["layers"]
-        diff_ids = list(native.diff_ids[:native.base_layers])
-        for i in range(native.base_layers, len(pushed)):
-            drop = canonical.is_run_step(native.steps[i])
-            source = blobs / _hex(pushed[i]["digest"])
-            opener = gzip.open if pushed[i].get("mediaType", "").endswith("gzip") else open
+        diff_ids = []
+        for i, descriptor in enumerate(pushed):
+            if i in known:
+                diff_ids.append(known[i][0])
+                continue
+            source = blobs / _hex(descriptor["digest"])
+            opener = gzip.open if descriptor.get("mediaType", "").endswith("gzip") else open
             with opener(source, "rb") as stream:
-                diff_ids.append(canonical.rewrite_layer(stream, _Discard(), drop, native.diff_ids[i]).diff_id)
+                diff_ids.append(canonical.rewrite_layer(stream, _Discard(), drop[i], native.diff_ids[i]).diff_id)
             source.unlink(missing_ok=True)
     return canonical.canonical_config(native.config, diff_ids, native.base_history)
+
+
+def _drops(native: NativeImage) -> list[bool]:
+    """Per layer: whether its engine stubs go (RUN steps above the base)."""
+    return [i >= native.base_layers and canonical.is_run_step(step) for i, step in enumerate(native.steps)]
+
+
+def _known_layers(native: NativeImage, index: CanonicalIndex | None) -> dict[int, tuple[str, int]]:
+    """Layers that need no rewriting, by position: (canonical diff_id, size). The base's are kept as
+    they are; others are those whose canonical form `index` recorded."""
+    drop = _drops(native)
+    known: dict[int, tuple[str, int]] = {}
+    for i, diff_id in enumerate(native.diff_ids):
+        if i < native.base_layers:
+            known[i] = (diff_id, native.sizes[i] or 0)
+        elif index is not None and (recorded := index.layer(diff_id, drop[i])) is not None:
+            known[i] = recorded
+    return known
+
+
+def _push_unknown(buildah: Sequence[str], native: NativeImage, layout: Path, known: dict[int, tuple[str, int]],
+                  purpose: str) -> list[dict]:
+    """`buildah push` the engine's image into the empty layout `layout`, writing only the layers not in
+    `known` (each known one is an empty placeholder buildah reuses by diff_id); the pushed layer
+    descriptors, in order."""
+    blobs = layout / "blobs" / "sha256"
+    blobs.mkdir(parents=True)
+    _write_layout_files(layout, [])
+    for i in known:
+        (blobs / _hex(native.diff_ids[i])).touch()
+    run_quiet([*buildah, "push", "--quiet", "--compression-format", "gzip", "--compression-level", "0",
+               native.image_id, f"oci:{layout}:{_REF}"], f"exporting {native.image_id} for {purpose}")
+    pushed = _read_manifest(layout)["layers"]
+    if len(pushed) != len(native.diff_ids):
+        raise BuildFailure(f"buildah wrote {len(pushed)} layers of {native.image_id}, its config lists "
+                           f"{len(native.diff_ids)}")
+    return pushed
 
 
 def _rewrite(blobs: Path, descriptor: dict, drop_stubs: bool, native_diff_id: str) -> canonical.CanonicalLayer:
