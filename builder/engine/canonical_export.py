@@ -109,7 +109,7 @@ def _export(buildah: Sequence[str], native: NativeImage, index: CanonicalIndex, 
     with _scratch_layout(workdir, "canonical") as layout:
         blobs = layout / "blobs" / "sha256"
         drop = _drops(native)
-        known = _known_layers(native, index if reuse else None)
+        known = _known_layers(native, drop, index if reuse else None)
         pushed = _push_unknown(buildah, native, layout, known, "rewriting")
         layers: list[tuple[str, int]] = []
         rewritten = written = 0
@@ -172,7 +172,7 @@ def canonical_config(buildah: Sequence[str], native: NativeImage, workdir: Path,
     holds is looked up instead: its canonical form is a function of the engine's layer bytes."""
     with _scratch_layout(workdir, "canonical-id") as layout:
         drop = _drops(native)
-        known = _known_layers(native, known_index)
+        known = _known_layers(native, drop, known_index)
         pushed = _push_unknown(buildah, native, layout, known, "its canonical id")
         blobs = layout / "blobs" / "sha256"
         diff_ids = []
@@ -181,8 +181,7 @@ def canonical_config(buildah: Sequence[str], native: NativeImage, workdir: Path,
                 diff_ids.append(known[i][0])
                 continue
             source = blobs / _hex(descriptor["digest"])
-            opener = gzip.open if descriptor.get("mediaType", "").endswith("gzip") else open
-            with opener(source, "rb") as stream:
+            with _open_pushed(source, descriptor) as stream:
                 diff_ids.append(canonical.rewrite_layer(stream, _Discard(), drop[i], native.diff_ids[i]).diff_id)
             source.unlink(missing_ok=True)
     return canonical.canonical_config(native.config, diff_ids, native.base_history)
@@ -193,10 +192,9 @@ def _drops(native: NativeImage) -> list[bool]:
     return [i >= native.base_layers and canonical.is_run_step(step) for i, step in enumerate(native.steps)]
 
 
-def _known_layers(native: NativeImage, index: CanonicalIndex | None) -> dict[int, tuple[str, int]]:
+def _known_layers(native: NativeImage, drop: list[bool], index: CanonicalIndex | None) -> dict[int, tuple[str, int]]:
     """Layers that need no rewriting, by position: (canonical diff_id, size). The base's are kept as
     they are; others are those whose canonical form `index` recorded."""
-    drop = _drops(native)
     known: dict[int, tuple[str, int]] = {}
     for i, diff_id in enumerate(native.diff_ids):
         if i < native.base_layers:
@@ -225,13 +223,18 @@ def _push_unknown(buildah: Sequence[str], native: NativeImage, layout: Path, kno
     return pushed
 
 
+def _open_pushed(source: Path, descriptor: dict):
+    """A pushed layer blob as its uncompressed tar stream (buildah frames it as gzip level 0)."""
+    opener = gzip.open if descriptor.get("mediaType", "").endswith("gzip") else open
+    return opener(source, "rb")
+
+
 def _rewrite(blobs: Path, descriptor: dict, drop_stubs: bool, native_diff_id: str) -> canonical.CanonicalLayer:
     source = blobs / _hex(descriptor["digest"])
     if source.stat().st_size == 0:
         raise BuildFailure(f"layer {native_diff_id} was not written (it repeats a reused layer)")
     partial = blobs / "rewrite.partial"
-    opener = gzip.open if descriptor.get("mediaType", "").endswith("gzip") else open
-    with opener(source, "rb") as stream, partial.open("wb") as sink:
+    with _open_pushed(source, descriptor) as stream, partial.open("wb") as sink:
         made = canonical.rewrite_layer(stream, sink, drop_stubs, native_diff_id)
     source.unlink()  # the engine's copy: not needed any more, and it is as large as the canonical one
     partial.replace(blobs / _hex(made.diff_id))
