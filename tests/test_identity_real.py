@@ -1,6 +1,7 @@
 """One image per inputs, on the real cu128 stack: a fresh clone builds the image the committed lock
-records, clones at other paths with other remotes and stray files build the same one, an immutable
-tag never moves, and `builder verify --against-lock` rebuilds HEAD from empty storage to prove it."""
+records, clones at other paths with other remotes and stray files build the same one, and an immutable
+tag never moves. (`builder verify --against-lock` is tested on a small locked row in test_loopback_lock:
+on this stack it is one more 9-minute build from empty storage, which a cold CI run's first build is.)"""
 
 from __future__ import annotations
 
@@ -100,29 +101,6 @@ def test_an_immutable_tag_that_names_another_image_is_refused_and_nothing_moves(
         engine.tag(report["image_id"], immutable)
         subprocess.run(["buildah", "rmi", "localhost/planted:impostor"], capture_output=True)
     assert docker.from_env().images.get(immutable).id == report["image_id"]
-
-
-def test_verify_against_lock_rebuilds_head_from_empty_storage(built):
-    result = run_builder("verify", "--against-lock", STACK)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert result.stdout.strip() == f"identical: {committed_image_id()}"
-
-
-def test_verify_against_lock_names_a_planted_label_and_file(built, tmp_path):
-    checkout = clone(tmp_path / "planted", str(REPO))
-    dockerfile = checkout / "images" / STACK / "Dockerfile"
-    dockerfile.write_text(dockerfile.read_text() + 'LABEL planted="yes"\n')
-    tool = checkout / "builder/runtime/stackinfo.py"
-    tool.write_text(tool.read_text() + "# planted\n")
-    git("-c", "user.name=test", "-c", "user.email=test@example.invalid", "commit", "--quiet", "-am", "plant",
-        cwd=checkout)
-    result = run_builder("verify", "--against-lock", STACK, cwd=checkout)
-    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
-    out = result.stdout
-    assert out.startswith(f"digests differ: {committed_image_id()} != sha256:")
-    assert "made by: " in out and "builder/runtime/" in out.split("made by: ")[1].splitlines()[0]
-    assert "  opt/builder/runtime/stackinfo.py: content" in out
-    assert "config.Labels.planted" in out
 
 
 def test_after_a_build_whose_input_changed_the_renders_and_the_lock_are_current(built, tmp_path):

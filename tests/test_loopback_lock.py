@@ -9,6 +9,7 @@ a wheel the server swapped."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -20,8 +21,8 @@ from builder.config.matrix import load_matrix
 from builder.engine.buildah import BuildahEngine
 from builder.engine.progress import Progress
 from builder.image import build, context, deb_cache, dpkg, wheel_cache
-from builder.lock import store
-from builder.lock.model import LockedBase
+from builder.lock import records, store
+from builder.lock.model import ImageRecord, LockedBase
 from builder.lock.resolution import base_pin, check_current, record_base
 from builder.publish import base_digest
 from builder.publish.registry_http import Retry
@@ -217,37 +218,47 @@ def test_an_unreachable_base_is_one_line_and_the_lock_is_untouched(locked, tmp_p
     assert lock_file.read_bytes() == before
 
 
-def test_the_row_builds_on_the_local_base_from_the_fetched_wheels_with_no_network(locked, local_base, tmp_path):
-    """The same row on the local base, locked and rendered by the CLI, its wheels fetched from the
-    loopback sources, then built by buildah from exactly the rendered Dockerfile with no network at
-    all: the image holds the locked files. (The row's patch series is left out: it patches the real
-    sglang and flashinfer, which these stand-in wheels are not.)"""
-    project = locked["project"]
-    matrix = project.root / "matrix-unpatched.toml"
-    text = project.matrix.read_text()
+def _unpatched_local_row(locked, root: Path, cache: Path):
+    """The row on the local base in `root` (the loopback project, or a copy of it), locked, rendered and
+    fetched by the CLI with its patch series left out (it patches the real sglang and flashinfer, which
+    these stand-in wheels are not), its base the digest the committed lock records; returns its build
+    request, built from the fetched wheels with no network, and what it was made from."""
+    matrix = root / "matrix-unpatched.toml"
+    text = (root / "matrix.toml").read_text()
     assert text.count('patched = ["sglang", "flashinfer-python"]') == 1
     matrix.write_text(text.replace('patched = ["sglang", "flashinfer-python"]', "patched = []"))
-    if not (project.root / "builder").exists():
-        (project.root / "builder").symlink_to(REPO / "builder")  # the in-image tools the Dockerfile copies
-    env = {**locked["env"], "BUILDER_CACHE": str(tmp_path / "cache")}
+    if not (root / "builder").exists():
+        (root / "builder").symlink_to(REPO / "builder")  # the in-image tools the Dockerfile copies
+    env = {**locked["env"], "BUILDER_CACHE": str(cache)}
+    stack_name = locked["project"].stack
     # --no-base: the test takes the base digest the committed lock records (below), not a new base.
     for command in (["lock", "--no-base"], ["render"], ["fetch"]):
-        done = run_builder(*command, "--matrix", str(matrix), "--stack", project.stack, "--local-base", env=env)
+        done = run_builder(*command, "--matrix", str(matrix), "--stack", stack_name, "--local-base", env=env)
         assert done.returncode == 0, (command, done.stderr)
-    lock_path = project.root / "matrix.lock"
+    lock_path = root / "matrix.lock"
     recorded = store.entry(LOCAL_ROW, REPO / "matrix.lock").resolution.base.image_id
     record_base("debian-bookworm", recorded, lock_path)  # what `builder base` records for the local base
 
-    stack = load_matrix(matrix, local_base=True).stack(project.stack + "-local")
+    stack = load_matrix(matrix, local_base=True).stack(stack_name + "-local")
     resolution = check_current(stack, lock_path).resolution
-    cache = wheel_cache.WheelCache(tmp_path / "cache" / "locked-wheels")
+    wheels = wheel_cache.WheelCache(cache / "locked-wheels")
     progress = Progress.for_environment()
-    fetched = build.fetch_wheels(stack, resolution, cache, offline=True, progress=progress)
+    fetched = build.fetch_wheels(stack, resolution, wheels, offline=True, progress=progress)
     assert fetched.downloaded_bytes == 0  # offline: everything was already in the cache
-    inputs = context.build_inputs(stack, project.root, base_pin(stack, resolution))
-    dockerfile = build.stage_context(inputs, project.root, resolution, cache, tmp_path / "context")
-    request = build.build_request(stack, tmp_path / "context", dockerfile, "localhost/loopback-row:test", False,
+    inputs = context.build_inputs(stack, root, base_pin(stack, resolution))
+    dockerfile = build.stage_context(inputs, root, resolution, wheels, cache.parent / "context")
+    request = build.build_request(stack, cache.parent / "context", dockerfile, "localhost/loopback-row:test", False,
                                   progress)
+    return {"matrix": matrix, "env": env, "stack": stack, "resolution": resolution, "inputs": inputs,
+            "request": request, "lock": lock_path}
+
+
+def test_the_row_builds_on_the_local_base_from_the_fetched_wheels_with_no_network(locked, local_base, tmp_path):
+    """The same row on the local base, locked and rendered by the CLI, its wheels fetched from the
+    loopback sources, then built by buildah from exactly the rendered Dockerfile with no network at
+    all: the image holds the locked files."""
+    row = _unpatched_local_row(locked, locked["project"].root, tmp_path / "cache")
+    request, resolution = row["request"], row["resolution"]
     assert request.network == "none" and not request.add_hosts and not request.secrets
     engine = BuildahEngine(export_to_docker=False)
     try:
@@ -264,6 +275,60 @@ def test_the_row_builds_on_the_local_base_from_the_fetched_wheels_with_no_networ
     assert origin["torch"] == "SOURCE = 'torch-cu130'\n"
     assert origin["filelock"] == "SOURCE = 'default'\n"
     assert origin["sgl-kernel"] == "SOURCE = 'v0.3.21'\n"
+
+
+def _git(root: Path, *args: str) -> None:
+    subprocess.run(["git", "-c", "user.name=test", "-c", "user.email=test@example.invalid", *args], cwd=root,
+                   check=True, capture_output=True)
+
+
+def test_verify_against_lock_rebuilds_head_from_empty_storage_and_names_a_planted_label_and_file(
+        locked, local_base, tmp_path):
+    """`builder verify --against-lock` on the row, in a git work tree: the image the lock records is
+    built again from the committed inputs in empty storage and found identical; after a commit that
+    plants a label and a changed in-image tool, it names both. (The row's small stand-in wheels make this
+    a minute: the same path on the 11.5 GB stack takes about 9, and the cold CI run builds that stack from
+    empty storage anyway.)"""
+    root = tmp_path / "repo"
+    shutil.copytree(locked["project"].root, root, ignore=shutil.ignore_patterns("uv-cache", "docker-config", "builder"))
+    shutil.copytree(REPO / "builder", root / "builder", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO / ".gitignore", root)  # verify's scratch (build/) is not part of the committed tree
+    row = _unpatched_local_row(locked, root, tmp_path / "cache")
+    request, stack, inputs = row["request"], row["stack"], row["inputs"]
+    engine = BuildahEngine(export_to_docker=False)
+    result = engine.build(request)
+    try:
+        records.record_build(stack.name, ImageRecord(
+            image_id=result.image_id, immutable_tag=request.tags[0], tags=request.tags, inputs_hash=inputs.hash,
+            base=row["resolution"].base, source_date_epoch=stack.source_date_epoch, report="", provenance="",
+            engine=result.identity), {}, row["lock"])
+        _git(root, "init", "--quiet")
+        _git(root, "add", "--all")
+        _git(root, "commit", "--quiet", "-m", "the locked row")
+        verify = ["verify", "--against-lock", stack.name, "--matrix", str(row["matrix"]), "--local-base"]
+        # buildah stats $DOCKER_CONFIG/config.json when it saves the base: a config with no credentials.
+        (tmp_path / "docker-config").mkdir()
+        (tmp_path / "docker-config" / "config.json").write_text('{"auths": {}}\n')
+        env = {**row["env"], "DOCKER_CONFIG": str(tmp_path / "docker-config")}
+        same = run_builder(*verify, env=env, cwd=root)
+        assert same.returncode == 0, same.stdout[-3000:] + same.stderr[-3000:]
+        assert same.stdout.strip() == f"identical: {result.image_id}"
+
+        dockerfile = root / "images" / stack.name / "Dockerfile"
+        dockerfile.write_text(dockerfile.read_text() + 'LABEL planted="yes"\n')
+        tool = root / "builder/runtime/stackinfo.py"
+        tool.write_text(tool.read_text() + "# planted\n")
+        _git(root, "commit", "--quiet", "-am", "plant")
+        planted = run_builder(*verify, env=env, cwd=root)
+        assert planted.returncode == 1, planted.stdout[-3000:] + planted.stderr[-3000:]
+        out = planted.stdout
+        assert out.startswith(f"digests differ: {result.image_id} != sha256:")
+        assert "made by: " in out and "builder/runtime/" in out.split("made by: ")[1].splitlines()[0]
+        assert "  opt/builder/runtime/stackinfo.py: content" in out
+        assert "config.Labels.planted" in out
+        assert planted.stderr.strip().splitlines()[-1] == "builder: error: the builds differ: not reproducible"
+    finally:
+        engine.remove(request.tags[0])
 
 
 def _fresh_build(locked, pushed_base, stack, resolution, inputs, debs, wheels, storage: Path) -> str:
