@@ -138,6 +138,18 @@ def test_the_config_is_the_same_for_both_versions_and_keeps_the_base_history():
     assert old == json.dumps(config, sort_keys=True, separators=(",", ":")).encode()
 
 
+def test_a_prefix_config_holds_the_first_layers_and_the_history_that_made_them():
+    whole = canonical.canonical_config(native_config(False, "fc" * 32), ["sha256:b", "sha256:c1", "sha256:c2"], 1)
+    two = json.loads(canonical.prefix_config(whole, 2))
+    assert two["rootfs"]["diff_ids"] == ["sha256:b", "sha256:c1"]
+    # The base's entry, the empty ARG step and the venv: cut after the entry that made the second layer.
+    assert [h["created_by"] for h in two["history"]] == ["mmdebstrap", "/bin/sh -c #(nop) ARG A",
+                                                          "/bin/sh -c python3 -m venv /opt/venv"]
+    assert {k: v for k, v in two.items() if k not in ("rootfs", "history")} == \
+        {k: v for k, v in json.loads(whole).items() if k not in ("rootfs", "history")}
+    assert canonical.prefix_config(whole, 3) == whole
+
+
 def test_a_run_steps_mount_digest_is_left_out_as_1_28_writes_it():
     """1.39 appends the digest of a bind mount's source to the RUN step; the inputs hash covers that source."""
     step = "|1 SOURCE_DATE_EPOCH=1767225600 /bin/sh -c --mount=type=bind,source=wheels,target=/run/wheels,ro pip i"

@@ -4,6 +4,7 @@ its own empty storage, and get one image id; the engines' own images differ (doc
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -46,6 +47,12 @@ def request(tmp_path, last: str = "one") -> BuildRequest:
                         platform="linux/amd64")
 
 
+def stored_images(engine: BuildahEngine) -> set[str]:
+    listed = subprocess.run([*engine._global_args(), "images", "--all", "--no-trunc", "--json"], capture_output=True,
+                            text=True, check=True).stdout
+    return {"sha256:" + image["id"].removeprefix("sha256:") for image in json.loads(listed or "[]")}
+
+
 @pytest.fixture(scope="session")
 def trixie_buildah() -> list[str]:
     """Debian trixie's buildah, from a root cached under /var/tmp/engine (apt's default mirror)."""
@@ -74,6 +81,11 @@ def test_buildah_1_28_and_1_39_build_one_image_id(private_engine, trixie_buildah
     for name, command in (("bookworm", ["buildah"]), ("trixie", trixie_buildah)):
         engine = private_engine(name, command)
         first = engine.build(request(tmp_path))
+        # Imported a layer at a time: no image of a partial list of the canonical layers is left.
+        layers = [layer.diff_id for layer in engine.inspect(first.image_id).layers]
+        assert not [image for image in stored_images(engine)
+                    if [layer.diff_id for layer in engine.inspect(image).layers] in
+                    [layers[:cut] for cut in range(2, len(layers))]]
         # What verify --against-lock compares: the same id, computed without storing the canonical image.
         preview = engine.canonical_preview(first.native_id, request(tmp_path))
         stored = engine.inspect(first.image_id)
@@ -118,6 +130,22 @@ def test_a_changed_step_rewrites_only_its_layer_and_a_lost_export_is_made_again(
     planted = "sha256:" + "0" * 64
     index.record_layer(top.diff_id, canonical.is_run_step(top.created_by), planted, 1)
     assert engine.canonical_preview(changed.native_id, request(tmp_path, "two"), known=index).layers[-1].diff_id == planted
+
+
+@pytest.mark.engine
+def test_two_steps_that_make_one_layer_are_rewritten_once(private_engine, tmp_path):
+    context = write_context(tmp_path / "ctx-repeat", f"FROM {TEST_BASE_TAG}\nCOPY a.txt /a.txt\nCOPY a.txt /a.txt\n"
+                            "LABEL x=y\n", {"a.txt": "a\n"})
+    repeated = BuildRequest(context_dir=context, dockerfile=context / "Dockerfile", tags=("localhost/engine-repeat:1",),
+                            source_date_epoch=EPOCH, network="none", platform="linux/amd64")
+    engine = private_engine("repeat", ["buildah"])
+    built = engine.build(repeated)
+    native = engine.inspect(built.native_id).layers
+    assert native[1].diff_id == native[2].diff_id  # the same bytes: buildah stores them as one layer
+    assert built.canonical_layers == 1
+    canonical_layers = engine.inspect(built.image_id).layers
+    assert len(canonical_layers) == 3 and canonical_layers[1].diff_id == canonical_layers[2].diff_id
+    assert engine.canonical_preview(built.native_id, repeated).image_id == built.image_id
 
 
 def test_builder_buildah_names_the_command_as_argument_words(monkeypatch):

@@ -166,6 +166,22 @@ def canonical_config(native: Mapping[str, object], diff_ids: Sequence[str], base
     return json.dumps(config, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
 
+def prefix_config(config: bytes, layers: int) -> bytes:
+    """The config of the image made of `config`'s first `layers` layers: its diff_ids and history cut
+    after the entry that made the last of them, the rest as it is (what an export imports one layer at a
+    time under)."""
+    prefix = json.loads(config)
+    prefix["rootfs"]["diff_ids"] = prefix["rootfs"]["diff_ids"][:layers]
+    kept, made = [], 0
+    for entry in prefix.get("history") or []:
+        if made == layers:
+            break
+        kept.append(entry)
+        made += not entry.get("empty_layer", False)
+    prefix["history"] = kept
+    return json.dumps(prefix, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
 def layer_cache_key(native_diff_id: str, drop_stubs: bool) -> str:
     """What a canonical layer is a function of: the native layer, whether stubs go, and FORMAT."""
     return hashlib.sha256(f"{FORMAT}\0{native_diff_id}\0{int(drop_stubs)}".encode()).hexdigest()

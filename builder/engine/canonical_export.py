@@ -2,15 +2,19 @@
 image builder tags, smoke-tests, delivers and locks. The engine's own image stays as it is, untagged:
 its layers are buildah's cache for the next build.
 
-  1. `buildah push` the engine's image to an OCI layout (gzip level 0: no compression work), with an
-     empty placeholder for each layer that needs no rewriting: the base's layers, and layers whose
-     canonical form an earlier export recorded (the index, keyed by the engine's diff_id);
-  2. rewrite each pushed layer into its canonical, uncompressed tar, and write the canonical config and
-     an OCI manifest; each placeholder is renamed to the canonical diff_id it stands for;
-  3. `buildah pull oci:` the layout: buildah reuses every layer its storage holds by diff_id without
-     opening the (empty) file, so only rewritten layers are stored. If a recorded layer is no longer in
-     the storage, the pull fails on its placeholder and the export runs again rewriting every layer.
-A no-op rebuild finds the engine's image id in the index and the canonical image in storage: no push.
+Layers that need no rewriting are the base's, and those whose canonical form an earlier export
+recorded (the index, keyed by the engine's diff_id). Every other layer, one at a time, in order:
+  1. `buildah push` the engine's image to an OCI layout (gzip level 0: no compression work) in which
+     every other layer is an empty placeholder, so buildah writes this one layer only;
+  2. rewrite it into its canonical, uncompressed tar in a second layout, and delete the engine's copy;
+  3. `buildah pull oci:` that layout as the image of the canonical layers so far (placeholders for those
+     below, which the storage already holds by diff_id: buildah reuses them without opening the empty
+     file), then empty the tar.
+So no more than one layer is in flight (twice, while it is rewritten) on top of the storage, whatever
+the image's size. Last, the whole canonical image is pulled the same way, all of it placeholders, and
+the images of the partial layer lists go. If a recorded layer is no longer in the storage, a pull fails
+on its placeholder and the export runs again rewriting every layer. A no-op rebuild finds the engine's
+image id in the index and the canonical image in storage: no push.
 """
 
 from __future__ import annotations
@@ -106,55 +110,87 @@ def export(buildah: Sequence[str], native: NativeImage, index: CanonicalIndex, w
 
 def _export(buildah: Sequence[str], native: NativeImage, index: CanonicalIndex, workdir: Path, name: str,
             reuse: bool) -> Export:
+    drop = _drops(native)
+    layers = _known_layers(native, drop, index if reuse else None)
+    rewritten = written = 0
+    partial_images: list[str] = []
     with _scratch_layout(workdir, "canonical") as layout:
-        blobs = layout / "blobs" / "sha256"
-        drop = _drops(native)
-        known = _known_layers(native, drop, index if reuse else None)
-        pushed = _push_unknown(buildah, native, layout, known, "rewriting")
-        layers: list[tuple[str, int]] = []
-        rewritten = written = 0
-        for i, descriptor in enumerate(pushed):
-            if i in known:
-                layers.append(known[i])
-                continue
-            made = _rewrite(blobs, descriptor, drop[i], native.diff_ids[i])
-            layers.append((made.diff_id, made.size))
-            rewritten, written = rewritten + 1, written + made.size
-        for blob in list(blobs.iterdir()):
-            if blob.stat().st_size == 0 or blob.name not in {_hex(d) for d, _ in layers}:
-                blob.unlink()  # the engine's blobs and placeholders: replaced below by canonical names
-        for diff_id, _ in layers:
-            (blobs / _hex(diff_id)).touch(exist_ok=True)
-        config = canonical.canonical_config(native.config, [d for d, _ in layers], native.base_history)
-        image_id = "sha256:" + hashlib.sha256(config).hexdigest()
-        (blobs / _hex(image_id)).write_bytes(config)
-        manifest = json.dumps({
-            "schemaVersion": 2, "mediaType": _MANIFEST,
-            "config": {"mediaType": _CONFIG, "digest": image_id, "size": len(config)},
-            "layers": [{"mediaType": canonical.LAYER_MEDIA_TYPE, "digest": d, "size": s} for d, s in layers],
-        }, sort_keys=True, separators=(",", ":")).encode()
-        manifest_digest = "sha256:" + hashlib.sha256(manifest).hexdigest()
-        (blobs / _hex(manifest_digest)).write_bytes(manifest)
-        _write_layout_files(layout, [{"mediaType": _MANIFEST, "digest": manifest_digest, "size": len(manifest),
-                                      "annotations": {"org.opencontainers.image.ref.name": _REF}}])
-        names_before = _names(buildah, image_id)
+        blobs = _empty_layout(layout)
+        for diff_id, _ in layers.values():
+            (blobs / _hex(diff_id)).touch()  # in the storage already
+        try:
+            for i, source, descriptor in _each_unknown_layer(buildah, native, workdir, layers):
+                tar = blobs / "rewrite.partial"
+                with _open_pushed(source, descriptor) as stream, tar.open("wb") as sink:
+                    made = canonical.rewrite_layer(stream, sink, drop[i], native.diff_ids[i])
+                source.unlink()  # the engine's copy: as large as the canonical one, and not needed any more
+                tar.replace(blobs / _hex(made.diff_id))
+                _resolve(native, drop, layers, i, (made.diff_id, made.size))
+                rewritten, written = rewritten + 1, written + made.size
+                if i < len(native.diff_ids) - 1:  # the top layer goes in with the whole image, below
+                    below = [layers[j] for j in range(i + 1)]
+                    config = canonical.prefix_config(canonical.canonical_config(
+                        native.config, [diff_id for diff_id, _ in below], native.base_history), i + 1)
+                    partial_images.append(_import(buildah, layout, config, below, workdir,
+                                                  f"layers 1-{i + 1} of the canonical form of {native.image_id}"))
+                    (blobs / _hex(made.diff_id)).write_bytes(b"")  # stored now: a placeholder from here on
+            whole = [layers[i] for i in range(len(native.diff_ids))]
+            names_before = _names(buildah, _config_id(_config(native, layers)))
+            image_id = _import(buildah, layout, _config(native, layers), whole, workdir,
+                               f"the canonical form of {native.image_id}")
+        finally:
+            for partial in partial_images:
+                subprocess.run([*buildah, "rmi", partial], capture_output=True, stdin=subprocess.DEVNULL)
+    # The pull names the image after the layout's path: give it `name` instead. Only the names the pull
+    # added go (buildah stores `name` qualified, e.g. with localhost/, so it is kept by value).
+    added = _names(buildah, image_id) - names_before
+    run_quiet([*buildah, "tag", image_id, name], f"buildah tag {image_id} {name}")
+    for extra in added - {name, _qualified(name)}:
+        run_quiet([*buildah, "rmi", extra], f"removing the name {extra}")
+    for i, (diff_id, size) in layers.items():
+        if i >= native.base_layers:
+            index.record_layer(native.diff_ids[i], drop[i], diff_id, size)
+    return Export(image_id, rewritten, written)
+
+
+def _config(native: NativeImage, layers: dict[int, tuple[str, int]]) -> bytes:
+    """The canonical config once every layer's canonical diff_id is in `layers` (by position)."""
+    return canonical.canonical_config(native.config, [layers[i][0] for i in range(len(native.diff_ids))],
+                                      native.base_history)
+
+
+def _config_id(config: bytes) -> str:
+    return "sha256:" + hashlib.sha256(config).hexdigest()
+
+
+def _import(buildah: Sequence[str], layout: Path, config: bytes, layers: list[tuple[str, int]], workdir: Path,
+            what: str) -> str:
+    """`buildah pull` the image of `config` and `layers` from `layout`, whose blobs hold each layer's
+    tar or, for one the storage already holds, an empty placeholder; its id."""
+    blobs = layout / "blobs" / "sha256"
+    image_id = _config_id(config)
+    (blobs / _hex(image_id)).write_bytes(config)
+    manifest = json.dumps({
+        "schemaVersion": 2, "mediaType": _MANIFEST,
+        "config": {"mediaType": _CONFIG, "digest": image_id, "size": len(config)},
+        "layers": [{"mediaType": canonical.LAYER_MEDIA_TYPE, "digest": d, "size": s} for d, s in layers],
+    }, sort_keys=True, separators=(",", ":")).encode()
+    manifest_digest = "sha256:" + hashlib.sha256(manifest).hexdigest()
+    (blobs / _hex(manifest_digest)).write_bytes(manifest)
+    _write_layout_files(layout, [{"mediaType": _MANIFEST, "digest": manifest_digest, "size": len(manifest),
+                                  "annotations": {"org.opencontainers.image.ref.name": _REF}}])
+    try:
         # Pulled by its path relative to `workdir`: buildah names the image after the path it is given,
         # and a path with upper case or a trailing "_" (pytest's, tempfile's) is not a valid name.
-        pulled = run_quiet([*buildah, "pull", "--quiet", f"oci:{layout.name}:{_REF}"], f"importing the canonical "
-                           f"form of {native.image_id}", cwd=workdir).strip().splitlines()
-        got = pulled[-1] if pulled else ""
-        if ("sha256:" + got.removeprefix("sha256:")) != image_id:
-            raise BuildFailure(f"buildah stored the canonical image as {got or 'nothing'}, expected {image_id}")
-        # The pull names the image after the layout's path: give it `name` instead. Only the names the
-        # pull added go (buildah stores `name` qualified, e.g. with localhost/, so it is kept by value).
-        added = _names(buildah, image_id) - names_before
-        run_quiet([*buildah, "tag", image_id, name], f"buildah tag {image_id} {name}")
-        for extra in added - {name, _qualified(name)}:
-            run_quiet([*buildah, "rmi", extra], f"removing the name {extra}")
-        for i, (diff_id, size) in enumerate(layers):
-            if i >= native.base_layers:
-                index.record_layer(native.diff_ids[i], drop[i], diff_id, size)
-        return Export(image_id, rewritten, written)
+        pulled = run_quiet([*buildah, "pull", "--quiet", f"oci:{layout.name}:{_REF}"], f"importing {what}",
+                           cwd=workdir).strip().splitlines()
+    finally:
+        for blob in (image_id, manifest_digest):
+            (blobs / _hex(blob)).unlink(missing_ok=True)
+    got = pulled[-1] if pulled else ""
+    if ("sha256:" + got.removeprefix("sha256:")) != image_id:
+        raise BuildFailure(f"buildah stored {what} as {got or 'nothing'}, expected {image_id}")
+    return image_id
 
 
 class _Discard:
@@ -167,24 +203,17 @@ class _Discard:
 def canonical_config(buildah: Sequence[str], native: NativeImage, workdir: Path,
                      known_index: CanonicalIndex | None = None) -> bytes:
     """The config (and so the id) the canonical form of `native` would have, computed without storing
-    it: each pushed layer is rewritten into a hash and deleted. What `builder verify --against-lock`
-    compares, at the cost of one copy of the layers in flight instead of two. A layer `known_index`
-    holds is looked up instead: its canonical form is a function of the engine's layer bytes."""
-    with _scratch_layout(workdir, "canonical-id") as layout:
-        drop = _drops(native)
-        known = _known_layers(native, drop, known_index)
-        pushed = _push_unknown(buildah, native, layout, known, "its canonical id")
-        blobs = layout / "blobs" / "sha256"
-        diff_ids = []
-        for i, descriptor in enumerate(pushed):
-            if i in known:
-                diff_ids.append(known[i][0])
-                continue
-            source = blobs / _hex(descriptor["digest"])
-            with _open_pushed(source, descriptor) as stream:
-                diff_ids.append(canonical.rewrite_layer(stream, _Discard(), drop[i], native.diff_ids[i]).diff_id)
-            source.unlink(missing_ok=True)
-    return canonical.canonical_config(native.config, diff_ids, native.base_history)
+    it: each layer is pushed alone, rewritten into a hash and deleted. What `builder verify
+    --against-lock` compares, with one layer in flight. A layer `known_index` holds is looked up
+    instead: its canonical form is a function of the engine's layer bytes."""
+    drop = _drops(native)
+    layers = _known_layers(native, drop, known_index)
+    for i, source, descriptor in _each_unknown_layer(buildah, native, workdir, layers):
+        with _open_pushed(source, descriptor) as stream:
+            made = canonical.rewrite_layer(stream, _Discard(), drop[i], native.diff_ids[i])
+        source.unlink()
+        _resolve(native, drop, layers, i, (made.diff_id, made.size))
+    return _config(native, layers)
 
 
 def _drops(native: NativeImage) -> list[bool]:
@@ -204,41 +233,54 @@ def _known_layers(native: NativeImage, drop: list[bool], index: CanonicalIndex |
     return known
 
 
-def _push_unknown(buildah: Sequence[str], native: NativeImage, layout: Path, known: dict[int, tuple[str, int]],
-                  purpose: str) -> list[dict]:
-    """`buildah push` the engine's image into the empty layout `layout`, writing only the layers not in
-    `known` (each known one is an empty placeholder buildah reuses by diff_id); the pushed layer
-    descriptors, in order."""
+def _each_unknown_layer(buildah: Sequence[str], native: NativeImage, workdir: Path,
+                        layers: dict[int, tuple[str, int]]) -> Iterator[tuple[int, Path, dict]]:
+    """Each layer of the engine's image whose position is not (yet) in `layers`, in order, pushed alone
+    into a scratch OCI layout: its position, blob and descriptor. Every layer with another diff_id is an
+    empty placeholder buildah reuses, so it writes just this one; the caller deletes the blob, and
+    resolves the position (and its repeats), before the next."""
+    with _scratch_layout(workdir, "native") as layout:
+        blobs = layout / "blobs" / "sha256"
+        for i in range(len(native.diff_ids)):
+            if i in layers:
+                continue
+            shutil.rmtree(blobs, ignore_errors=True)
+            _empty_layout(layout)
+            for diff_id in set(native.diff_ids) - {native.diff_ids[i]}:
+                (blobs / _hex(diff_id)).touch()
+            run_quiet([*buildah, "push", "--quiet", "--compression-format", "gzip", "--compression-level", "0",
+                       native.image_id, f"oci:{layout}:{_REF}"], f"exporting layer {i + 1} of {native.image_id}")
+            pushed = _read_manifest(layout)["layers"]
+            if len(pushed) != len(native.diff_ids):
+                raise BuildFailure(f"buildah wrote {len(pushed)} layers of {native.image_id}, its config lists "
+                                   f"{len(native.diff_ids)}")
+            source = blobs / _hex(pushed[i]["digest"])
+            if not source.is_file() or source.stat().st_size == 0:
+                raise BuildFailure(f"buildah did not write layer {i + 1} ({native.diff_ids[i]}) of {native.image_id}")
+            yield i, source, pushed[i]
+
+
+def _resolve(native: NativeImage, drop: list[bool], layers: dict[int, tuple[str, int]], i: int,
+             made: tuple[str, int]) -> None:
+    """Layer `i`'s canonical form is `made`, and so is that of every layer that repeats it (the same
+    engine diff_id, its stubs dropped alike: two identical RUN steps)."""
+    for j, diff_id in enumerate(native.diff_ids):
+        if diff_id == native.diff_ids[i] and drop[j] == drop[i]:
+            layers.setdefault(j, made)
+
+
+def _empty_layout(layout: Path) -> Path:
+    """`layout` as an OCI layout with no image in it; its blob directory."""
     blobs = layout / "blobs" / "sha256"
-    blobs.mkdir(parents=True)
+    blobs.mkdir(parents=True, exist_ok=True)
     _write_layout_files(layout, [])
-    for i in known:
-        (blobs / _hex(native.diff_ids[i])).touch()
-    run_quiet([*buildah, "push", "--quiet", "--compression-format", "gzip", "--compression-level", "0",
-               native.image_id, f"oci:{layout}:{_REF}"], f"exporting {native.image_id} for {purpose}")
-    pushed = _read_manifest(layout)["layers"]
-    if len(pushed) != len(native.diff_ids):
-        raise BuildFailure(f"buildah wrote {len(pushed)} layers of {native.image_id}, its config lists "
-                           f"{len(native.diff_ids)}")
-    return pushed
+    return blobs
 
 
 def _open_pushed(source: Path, descriptor: dict):
     """A pushed layer blob as its uncompressed tar stream (buildah frames it as gzip level 0)."""
     opener = gzip.open if descriptor.get("mediaType", "").endswith("gzip") else open
     return opener(source, "rb")
-
-
-def _rewrite(blobs: Path, descriptor: dict, drop_stubs: bool, native_diff_id: str) -> canonical.CanonicalLayer:
-    source = blobs / _hex(descriptor["digest"])
-    if source.stat().st_size == 0:
-        raise BuildFailure(f"layer {native_diff_id} was not written (it repeats a reused layer)")
-    partial = blobs / "rewrite.partial"
-    with _open_pushed(source, descriptor) as stream, partial.open("wb") as sink:
-        made = canonical.rewrite_layer(stream, sink, drop_stubs, native_diff_id)
-    source.unlink()  # the engine's copy: not needed any more, and it is as large as the canonical one
-    partial.replace(blobs / _hex(made.diff_id))
-    return made
 
 
 @contextlib.contextmanager
