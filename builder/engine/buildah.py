@@ -222,7 +222,8 @@ class BuildahEngine:
         native = self._native(native_id, request)
         if request.progress:
             request.progress(f"canonical export of {native_id}")
-        return canonical_export.export(self._global_args(), native, index, self._canonical_workdir(), request.tags[0])
+        return canonical_export.export(self._global_args(), native, index, self._canonical_workdir(), request.tags[0],
+                                       request.progress)
 
     def _base_prefix(self, info: ImageInfo, request: BuildRequest) -> tuple[int, int]:
         """(layers, history entries) the image takes unchanged from its base: the base named in the

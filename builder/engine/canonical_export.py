@@ -27,7 +27,7 @@ import secrets
 import shutil
 import subprocess
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -95,21 +95,22 @@ class NativeImage:
     base_history: int  # leading history entries that are the base's
 
 
-def export(buildah: Sequence[str], native: NativeImage, index: CanonicalIndex, workdir: Path, name: str) -> Export:
+def export(buildah: Sequence[str], native: NativeImage, index: CanonicalIndex, workdir: Path, name: str,
+           progress: Callable[[str], None] | None = None) -> Export:
     """The canonical image of `native`, in buildah's storage under `name` (`buildah` is the command and
-    its global options); its id, and what the rewrite cost."""
+    its global options); its id, and what the rewrite cost. `progress` hears of each rewritten layer."""
     started = time.monotonic()
     try:
-        result = _export(buildah, native, index, workdir, name, reuse=True)
+        result = _export(buildah, native, index, workdir, name, True, progress)
     except BuildFailure:
-        result = _export(buildah, native, index, workdir, name, reuse=False)
+        result = _export(buildah, native, index, workdir, name, False, progress)
     index.record_image(native.image_id, result.image_id)
     return Export(result.image_id, result.layers_rewritten, result.bytes_rewritten,
                   round(time.monotonic() - started, 1))
 
 
 def _export(buildah: Sequence[str], native: NativeImage, index: CanonicalIndex, workdir: Path, name: str,
-            reuse: bool) -> Export:
+            reuse: bool, progress: Callable[[str], None] | None) -> Export:
     drop = _drops(native)
     layers = _known_layers(native, drop, index if reuse else None)
     rewritten = written = 0
@@ -119,7 +120,9 @@ def _export(buildah: Sequence[str], native: NativeImage, index: CanonicalIndex, 
         for diff_id, _ in layers.values():
             (blobs / _hex(diff_id)).touch()  # in the storage already
         try:
+            clock = time.monotonic()
             for i, source, descriptor in _each_unknown_layer(buildah, native, workdir, layers):
+                pushed = time.monotonic()
                 tar = blobs / "rewrite.partial"
                 with _open_pushed(source, descriptor) as stream, tar.open("wb") as sink:
                     made = canonical.rewrite_layer(stream, sink, drop[i], native.diff_ids[i])
@@ -127,6 +130,7 @@ def _export(buildah: Sequence[str], native: NativeImage, index: CanonicalIndex, 
                 tar.replace(blobs / _hex(made.diff_id))
                 _resolve(native, drop, layers, i, (made.diff_id, made.size))
                 rewritten, written = rewritten + 1, written + made.size
+                done = time.monotonic()
                 if i < len(native.diff_ids) - 1:  # the top layer goes in with the whole image, below
                     below = [layers[j] for j in range(i + 1)]
                     config = canonical.prefix_config(canonical.canonical_config(
@@ -134,10 +138,17 @@ def _export(buildah: Sequence[str], native: NativeImage, index: CanonicalIndex, 
                     partial_images.append(_import(buildah, layout, config, below, workdir,
                                                   f"layers 1-{i + 1} of the canonical form of {native.image_id}"))
                     (blobs / _hex(made.diff_id)).write_bytes(b"")  # stored now: a placeholder from here on
+                if progress:
+                    stored = "" if i == len(native.diff_ids) - 1 else f", imported {time.monotonic() - done:.0f} s"
+                    progress(f"canonical layer {i + 1}/{len(native.diff_ids)}: {made.size / 1e9:.2f} GB, exported "
+                             f"{pushed - clock:.0f} s, rewritten {done - pushed:.0f} s{stored}")
+                clock = time.monotonic()
             whole = [layers[i] for i in range(len(native.diff_ids))]
             names_before = _names(buildah, _config_id(_config(native, layers)))
             image_id = _import(buildah, layout, _config(native, layers), whole, workdir,
                                f"the canonical form of {native.image_id}")
+            if progress:
+                progress(f"canonical image {image_id} imported in {time.monotonic() - clock:.0f} s")
         finally:
             for partial in partial_images:
                 subprocess.run([*buildah, "rmi", partial], capture_output=True, stdin=subprocess.DEVNULL)
