@@ -123,11 +123,7 @@ def _export(buildah: Sequence[str], native: NativeImage, index: CanonicalIndex, 
             clock = time.monotonic()
             for i, source, descriptor in _each_unknown_layer(buildah, native, workdir, layers):
                 pushed = time.monotonic()
-                tar = blobs / "rewrite.partial"
-                with _open_pushed(source, descriptor) as stream, tar.open("wb") as sink:
-                    made = canonical.rewrite_layer(stream, sink, drop[i], native.diff_ids[i])
-                source.unlink()  # the engine's copy: as large as the canonical one, and not needed any more
-                tar.replace(blobs / _hex(made.diff_id))
+                made = _rewrite(source, descriptor, blobs, drop[i], native.diff_ids[i])
                 _resolve(native, drop, layers, i, (made.diff_id, made.size))
                 rewritten, written = rewritten + 1, written + made.size
                 done = time.monotonic()
@@ -144,9 +140,9 @@ def _export(buildah: Sequence[str], native: NativeImage, index: CanonicalIndex, 
                              f"{pushed - clock:.0f} s, rewritten {done - pushed:.0f} s{stored}")
                 clock = time.monotonic()
             whole = [layers[i] for i in range(len(native.diff_ids))]
-            names_before = _names(buildah, _config_id(_config(native, layers)))
-            image_id = _import(buildah, layout, _config(native, layers), whole, workdir,
-                               f"the canonical form of {native.image_id}")
+            config = _config(native, layers)
+            names_before = _names(buildah, _config_id(config))
+            image_id = _import(buildah, layout, config, whole, workdir, f"the canonical form of {native.image_id}")
             if progress:
                 progress(f"canonical image {image_id} imported in {time.monotonic() - clock:.0f} s")
         finally:
@@ -162,6 +158,18 @@ def _export(buildah: Sequence[str], native: NativeImage, index: CanonicalIndex, 
         if i >= native.base_layers:
             index.record_layer(native.diff_ids[i], drop[i], diff_id, size)
     return Export(image_id, rewritten, written)
+
+
+def _rewrite(source: Path, descriptor: dict, blobs: Path, drop_stubs: bool,
+             native_diff_id: str) -> canonical.CanonicalLayer:
+    """The pushed layer `source` rewritten into `blobs` under its canonical diff_id; `source` deleted (it
+    is as large as the canonical tar, and not needed any more)."""
+    partial = blobs / "rewrite.partial"
+    with _open_pushed(source, descriptor) as stream, partial.open("wb") as sink:
+        made = canonical.rewrite_layer(stream, sink, drop_stubs, native_diff_id)
+    source.unlink()
+    partial.replace(blobs / _hex(made.diff_id))
+    return made
 
 
 def _config(native: NativeImage, layers: dict[int, tuple[str, int]]) -> bytes:
