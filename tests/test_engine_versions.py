@@ -4,6 +4,7 @@ its own empty storage, and get one image id; the engines' own images differ (doc
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import sys
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 from engine_helpers import EPOCH, TEST_BASE_TAG, write_context
 
-from builder.engine import canonical, chrooted, engine_root
+from builder.engine import canonical, chrooted, engine_root, stored_layer
 from builder.engine.buildah import COMMAND_ENV, BuildahEngine, buildah_command
 from builder.engine.canonical_export import CanonicalIndex
 from builder.engine.protocol import BuildRequest
@@ -38,13 +39,18 @@ RUN echo {{last}} > /opt/last.txt
 """
 
 
-def request(tmp_path, last: str = "one") -> BuildRequest:
+def request(tmp_path, last: str = "one", progress=None) -> BuildRequest:
     context = tmp_path / f"ctx-{last}"
     if not context.is_dir():  # written once: the bind mount's cache key sees the files' times
         write_context(context, DOCKERFILE.format(last=last), {"hello.txt": "hello\n"})
     return BuildRequest(context_dir=context, dockerfile=context / "Dockerfile", tags=("localhost/engine-versions:1",),
                         source_date_epoch=EPOCH, build_args={"SOURCE_DATE_EPOCH": str(EPOCH)}, network="none",
-                        platform="linux/amd64")
+                        platform="linux/amd64", progress=progress)
+
+
+def rewritten_from(lines: list[str]) -> list[str]:
+    """Where the export read each layer it rewrote, from the build's progress lines."""
+    return [line.rsplit(" from ", 1)[1].split(",")[0] for line in lines if line.startswith("canonical layer ")]
 
 
 def stored_images(engine: BuildahEngine) -> set[str]:
@@ -80,7 +86,10 @@ def test_buildah_1_28_and_1_39_build_one_image_id(private_engine, trixie_buildah
     results = {}
     for name, command in (("bookworm", ["buildah"]), ("trixie", trixie_buildah)):
         engine = private_engine(name, command)
-        first = engine.build(request(tmp_path))
+        lines: list[str] = []
+        first = engine.build(request(tmp_path, progress=lines.append))
+        # Every layer was read from the storage's own files (tar-split and directory), none pushed.
+        assert rewritten_from(lines) == ["the storage"] * 5, lines
         # Imported a layer at a time: no image of a partial list of the canonical layers is left.
         layers = [layer.diff_id for layer in engine.inspect(first.image_id).layers]
         assert not [image for image in stored_images(engine)
@@ -146,6 +155,31 @@ def test_two_steps_that_make_one_layer_are_rewritten_once(private_engine, tmp_pa
     canonical_layers = engine.inspect(built.image_id).layers
     assert len(canonical_layers) == 3 and canonical_layers[1].diff_id == canonical_layers[2].diff_id
     assert engine.canonical_preview(built.native_id, repeated).image_id == built.image_id
+
+
+@pytest.mark.engine
+def test_a_layer_the_storage_reader_gets_wrong_is_pushed_by_buildah_and_gives_the_same_image(private_engine, tmp_path,
+                                                                                           monkeypatch):
+    engine = private_engine("host", ["buildah"])
+    lines: list[str] = []
+    first = engine.build(request(tmp_path, progress=lines.append))
+    assert rewritten_from(lines) == ["the storage"] * 5
+    # Each stored layer reads back as exactly the tar its diff_id names.
+    storage = stored_layer.OverlayStorage.of(engine._global_args())
+    for layer in engine.inspect(first.native_id).layers:
+        with storage.open(layer.diff_id) as stream:
+            assert "sha256:" + hashlib.sha256(stream.read()).hexdigest() == layer.diff_id
+    # A reader that hands back the wrong bytes (here: always the base's layer) is caught by the diff_id
+    # check; each layer then comes from `buildah push`, and the image is the same.
+    base_layer = engine.inspect(first.native_id).layers[0].diff_id
+    real_open = stored_layer.OverlayStorage.open
+    monkeypatch.setattr(stored_layer.OverlayStorage, "open", lambda self, diff_id: real_open(self, base_layer))
+    engine.remove("localhost/engine-versions:1")
+    (engine.storage_dir / "canonical-index").rename(engine.storage_dir / "canonical-index.old")
+    lines.clear()
+    again = engine.build(request(tmp_path, progress=lines.append))
+    assert rewritten_from(lines) == ["buildah push"] * 5
+    assert (again.image_id, again.native_id) == (first.image_id, first.native_id)
 
 
 def test_builder_buildah_names_the_command_as_argument_words(monkeypatch):

@@ -4,17 +4,19 @@ its layers are buildah's cache for the next build.
 
 Layers that need no rewriting are the base's, and those whose canonical form an earlier export
 recorded (the index, keyed by the engine's diff_id). Every other layer, one at a time, in order:
-  1. `buildah push` the engine's image to an OCI layout (gzip level 0: no compression work) in which
-     every other layer is an empty placeholder, so buildah writes this one layer only;
-  2. rewrite it into its canonical, uncompressed tar in a second layout, and delete the engine's copy;
+  1. read its tar from the storage's own files as it is rewritten (stored_layer.py: the tar-split record
+     and the layer's directory, no copy written); where that reader cannot, or what it reads does not
+     hash to the layer's diff_id, `buildah push` the engine's image to an OCI layout (gzip level 0) in
+     which every other layer is an empty placeholder, so buildah writes this one layer only;
+  2. rewrite it into its canonical, uncompressed tar in a second layout;
   3. `buildah pull oci:` that layout as the image of the canonical layers so far (placeholders for those
      below, which the storage already holds by diff_id: buildah reuses them without opening the empty
      file), then empty the tar.
-So no more than one layer is in flight (twice, while it is rewritten) on top of the storage, whatever
-the image's size. Last, the whole canonical image is pulled the same way, all of it placeholders, and
-the images of the partial layer lists go. If a recorded layer is no longer in the storage, a pull fails
-on its placeholder and the export runs again rewriting every layer. A no-op rebuild finds the engine's
-image id in the index and the canonical image in storage: no push.
+So no more than one layer is in flight on top of the storage, whatever the image's size. Last, the
+whole canonical image is pulled the same way, all of it placeholders, and the images of the partial
+layer lists go. If a recorded layer is no longer in the storage, a pull fails on its placeholder and
+the export runs again rewriting every layer. A no-op rebuild finds the engine's image id in the index
+and the canonical image in storage: nothing is read.
 """
 
 from __future__ import annotations
@@ -28,10 +30,12 @@ import shutil
 import subprocess
 import time
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager as ContextManager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
-from builder.engine import canonical
+from builder.engine import canonical, stored_layer
 from builder.engine.process import run_quiet
 from builder.errors import BuildFailure
 from builder.files import write_atomic
@@ -115,15 +119,15 @@ def _export(buildah: Sequence[str], native: NativeImage, index: CanonicalIndex, 
     layers = _known_layers(native, drop, index if reuse else None)
     rewritten = written = 0
     partial_images: list[str] = []
+    source = _LayerSource(buildah, native, workdir)
     with _scratch_layout(workdir, "canonical") as layout:
         blobs = _empty_layout(layout)
         for diff_id, _ in layers.values():
             (blobs / _hex(diff_id)).touch()  # in the storage already
         try:
             clock = time.monotonic()
-            for i, source, descriptor in _each_unknown_layer(buildah, native, workdir, layers):
-                pushed = time.monotonic()
-                made = _rewrite(source, descriptor, blobs, drop[i], native.diff_ids[i])
+            for i in _unknown_layers(native, layers):
+                made = _rewrite(source, i, blobs, drop[i])
                 _resolve(native, drop, layers, i, (made.diff_id, made.size))
                 rewritten, written = rewritten + 1, written + made.size
                 done = time.monotonic()
@@ -136,8 +140,8 @@ def _export(buildah: Sequence[str], native: NativeImage, index: CanonicalIndex, 
                     (blobs / _hex(made.diff_id)).write_bytes(b"")  # stored now: a placeholder from here on
                 if progress:
                     stored = "" if i == len(native.diff_ids) - 1 else f", imported {time.monotonic() - done:.0f} s"
-                    progress(f"canonical layer {i + 1}/{len(native.diff_ids)}: {made.size / 1e9:.2f} GB, exported "
-                             f"{pushed - clock:.0f} s, rewritten {done - pushed:.0f} s{stored}")
+                    progress(f"canonical layer {i + 1}/{len(native.diff_ids)}: {made.size / 1e9:.2f} GB, rewritten "
+                             f"{done - clock:.0f} s from {source.last_read}{stored}")
                 clock = time.monotonic()
             whole = [layers[i] for i in range(len(native.diff_ids))]
             config = _config(native, layers)
@@ -160,14 +164,10 @@ def _export(buildah: Sequence[str], native: NativeImage, index: CanonicalIndex, 
     return Export(image_id, rewritten, written)
 
 
-def _rewrite(source: Path, descriptor: dict, blobs: Path, drop_stubs: bool,
-             native_diff_id: str) -> canonical.CanonicalLayer:
-    """The pushed layer `source` rewritten into `blobs` under its canonical diff_id; `source` deleted (it
-    is as large as the canonical tar, and not needed any more)."""
+def _rewrite(source: _LayerSource, i: int, blobs: Path, drop_stubs: bool) -> canonical.CanonicalLayer:
+    """Layer `i` of the engine's image rewritten into `blobs` under its canonical diff_id."""
     partial = blobs / "rewrite.partial"
-    with _open_pushed(source, descriptor) as stream, partial.open("wb") as sink:
-        made = canonical.rewrite_layer(stream, sink, drop_stubs, native_diff_id)
-    source.unlink()
+    made = source.rewrite(i, lambda: partial.open("wb"), drop_stubs)
     partial.replace(blobs / _hex(made.diff_id))
     return made
 
@@ -222,15 +222,14 @@ class _Discard:
 def canonical_config(buildah: Sequence[str], native: NativeImage, workdir: Path,
                      known_index: CanonicalIndex | None = None) -> bytes:
     """The config (and so the id) the canonical form of `native` would have, computed without storing
-    it: each layer is pushed alone, rewritten into a hash and deleted. What `builder verify
+    it: each layer is read (as the export reads it) and rewritten into a hash only. What `builder verify
     --against-lock` compares, with one layer in flight. A layer `known_index` holds is looked up
     instead: its canonical form is a function of the engine's layer bytes."""
     drop = _drops(native)
     layers = _known_layers(native, drop, known_index)
-    for i, source, descriptor in _each_unknown_layer(buildah, native, workdir, layers):
-        with _open_pushed(source, descriptor) as stream:
-            made = canonical.rewrite_layer(stream, _Discard(), drop[i], native.diff_ids[i])
-        source.unlink()
+    source = _LayerSource(buildah, native, workdir)
+    for i in _unknown_layers(native, layers):
+        made = source.rewrite(i, lambda: contextlib.nullcontext(_Discard()), drop[i])
         _resolve(native, drop, layers, i, (made.diff_id, made.size))
     return _config(native, layers)
 
@@ -252,31 +251,61 @@ def _known_layers(native: NativeImage, drop: list[bool], index: CanonicalIndex |
     return known
 
 
-def _each_unknown_layer(buildah: Sequence[str], native: NativeImage, workdir: Path,
-                        layers: dict[int, tuple[str, int]]) -> Iterator[tuple[int, Path, dict]]:
-    """Each layer of the engine's image whose position is not (yet) in `layers`, in order, pushed alone
-    into a scratch OCI layout: its position, blob and descriptor. Every layer with another diff_id is an
-    empty placeholder buildah reuses, so it writes just this one; the caller deletes the blob, and
-    resolves the position (and its repeats), before the next."""
+def _unknown_layers(native: NativeImage, layers: dict[int, tuple[str, int]]) -> Iterator[int]:
+    """Each position not (yet) in `layers`, in order. Checked as the loop goes: the caller resolves each
+    position, and its repeats, before the next."""
+    for i in range(len(native.diff_ids)):
+        if i not in layers:
+            yield i
+
+
+class _LayerSource:
+    """Reads the engine's layers for the rewrite: from the storage's own files (stored_layer.py) where it
+    can, else by a one-layer `buildah push`. `last_read` names which, for the progress line."""
+
+    def __init__(self, buildah: Sequence[str], native: NativeImage, workdir: Path) -> None:
+        self.buildah, self.native, self.workdir = buildah, native, workdir
+        self.storage = stored_layer.OverlayStorage.of(buildah)
+        self.last_read = ""
+
+    def rewrite(self, i: int, open_sink: Callable[[], ContextManager[IO[bytes]]],
+                drop_stubs: bool) -> canonical.CanonicalLayer:
+        """Layer `i` rewritten into the sink `open_sink` opens (afresh, should the first read fail)."""
+        diff_id = self.native.diff_ids[i]
+        stream = self.storage.open(diff_id) if self.storage else None
+        if stream is not None:
+            try:
+                with stream, open_sink() as sink:
+                    made = canonical.rewrite_layer(stream, sink, drop_stubs, diff_id)
+                self.last_read = "the storage"
+                return made
+            except (BuildFailure, stored_layer.UnreadableLayer):
+                pass  # files this reader misunderstands: buildah's own export, below, is the authority
+        with _pushed_layer(self.buildah, self.native, self.workdir, i) as stream, open_sink() as sink:
+            made = canonical.rewrite_layer(stream, sink, drop_stubs, diff_id)
+        self.last_read = "buildah push"
+        return made
+
+
+@contextlib.contextmanager
+def _pushed_layer(buildah: Sequence[str], native: NativeImage, workdir: Path, i: int) -> Iterator[IO[bytes]]:
+    """Layer `i` of the engine's image as `buildah push` writes it, into a scratch OCI layout in which
+    every layer with another diff_id is an empty placeholder buildah reuses, so it writes this one only."""
     with _scratch_layout(workdir, "native") as layout:
-        blobs = layout / "blobs" / "sha256"
-        for i in range(len(native.diff_ids)):
-            if i in layers:
-                continue
-            shutil.rmtree(blobs, ignore_errors=True)
-            _empty_layout(layout)
-            for diff_id in set(native.diff_ids) - {native.diff_ids[i]}:
-                (blobs / _hex(diff_id)).touch()
-            run_quiet([*buildah, "push", "--quiet", "--compression-format", "gzip", "--compression-level", "0",
-                       native.image_id, f"oci:{layout}:{_REF}"], f"exporting layer {i + 1} of {native.image_id}")
-            pushed = _read_manifest(layout)["layers"]
-            if len(pushed) != len(native.diff_ids):
-                raise BuildFailure(f"buildah wrote {len(pushed)} layers of {native.image_id}, its config lists "
-                                   f"{len(native.diff_ids)}")
-            source = blobs / _hex(pushed[i]["digest"])
-            if not source.is_file() or source.stat().st_size == 0:
-                raise BuildFailure(f"buildah did not write layer {i + 1} ({native.diff_ids[i]}) of {native.image_id}")
-            yield i, source, pushed[i]
+        blobs = _empty_layout(layout)
+        for diff_id in set(native.diff_ids) - {native.diff_ids[i]}:
+            (blobs / _hex(diff_id)).touch()
+        run_quiet([*buildah, "push", "--quiet", "--compression-format", "gzip", "--compression-level", "0",
+                   native.image_id, f"oci:{layout}:{_REF}"], f"exporting layer {i + 1} of {native.image_id}")
+        pushed = _read_manifest(layout)["layers"]
+        if len(pushed) != len(native.diff_ids):
+            raise BuildFailure(f"buildah wrote {len(pushed)} layers of {native.image_id}, its config lists "
+                               f"{len(native.diff_ids)}")
+        source = blobs / _hex(pushed[i]["digest"])
+        if not source.is_file() or source.stat().st_size == 0:
+            raise BuildFailure(f"buildah did not write layer {i + 1} ({native.diff_ids[i]}) of {native.image_id}")
+        with _open_pushed(source, pushed[i]) as stream:
+            yield stream
 
 
 def _resolve(native: NativeImage, drop: list[bool], layers: dict[int, tuple[str, int]], i: int,
