@@ -32,7 +32,7 @@ def layer_tar() -> bytes:
     return buffer.getvalue()
 
 
-def tar_split_lines(tar_bytes: bytes, rename: dict[str, str] | None = None) -> list[dict]:
+def tar_split_lines(tar_bytes: bytes) -> list[dict]:
     """The record containers/storage keeps for `tar_bytes`: raw segments around each file's content."""
     lines, position, cursor = [], 0, 0
     with tarfile.open(fileobj=io.BytesIO(tar_bytes), mode="r") as tar:
@@ -41,8 +41,7 @@ def tar_split_lines(tar_bytes: bytes, rename: dict[str, str] | None = None) -> l
         if member.isreg() and member.size:
             lines.append({"type": 2, "payload": base64.b64encode(tar_bytes[cursor:member.offset_data]).decode(),
                           "position": position})
-            name = (rename or {}).get(member.name, member.name)
-            lines.append({"type": 1, "name": name, "size": member.size, "payload": None, "position": position + 1})
+            lines.append({"type": 1, "name": member.name, "size": member.size, "payload": None, "position": position + 1})
             position, cursor = position + 2, member.offset_data + member.size
     lines.append({"type": 2, "payload": base64.b64encode(tar_bytes[cursor:]).decode(), "position": position})
     return lines

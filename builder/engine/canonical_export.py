@@ -30,7 +30,6 @@ import shutil
 import subprocess
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager as ContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -127,7 +126,7 @@ def _export(buildah: Sequence[str], native: NativeImage, index: CanonicalIndex, 
         try:
             clock = time.monotonic()
             for i in _unknown_layers(native, layers):
-                made = _rewrite(source, i, blobs, drop[i])
+                made, read_from = _rewrite(source, i, blobs, drop[i])
                 _resolve(native, drop, layers, i, (made.diff_id, made.size))
                 rewritten, written = rewritten + 1, written + made.size
                 done = time.monotonic()
@@ -141,7 +140,7 @@ def _export(buildah: Sequence[str], native: NativeImage, index: CanonicalIndex, 
                 if progress:
                     stored = "" if i == len(native.diff_ids) - 1 else f", imported {time.monotonic() - done:.0f} s"
                     progress(f"canonical layer {i + 1}/{len(native.diff_ids)}: {made.size / 1e9:.2f} GB, rewritten "
-                             f"{done - clock:.0f} s from {source.last_read}{stored}")
+                             f"{done - clock:.0f} s from {read_from}{stored}")
                 clock = time.monotonic()
             whole = [layers[i] for i in range(len(native.diff_ids))]
             config = _config(native, layers)
@@ -164,12 +163,13 @@ def _export(buildah: Sequence[str], native: NativeImage, index: CanonicalIndex, 
     return Export(image_id, rewritten, written)
 
 
-def _rewrite(source: _LayerSource, i: int, blobs: Path, drop_stubs: bool) -> canonical.CanonicalLayer:
-    """Layer `i` of the engine's image rewritten into `blobs` under its canonical diff_id."""
+def _rewrite(source: _LayerSource, i: int, blobs: Path, drop_stubs: bool) -> tuple[canonical.CanonicalLayer, str]:
+    """Layer `i` of the engine's image rewritten into `blobs` under its canonical diff_id, and where it
+    was read from."""
     partial = blobs / "rewrite.partial"
-    made = source.rewrite(i, lambda: partial.open("wb"), drop_stubs)
+    made, read_from = source.rewrite(i, lambda: partial.open("wb"), drop_stubs)
     partial.replace(blobs / _hex(made.diff_id))
-    return made
+    return made, read_from
 
 
 def _config(native: NativeImage, layers: dict[int, tuple[str, int]]) -> bytes:
@@ -229,7 +229,7 @@ def canonical_config(buildah: Sequence[str], native: NativeImage, workdir: Path,
     layers = _known_layers(native, drop, known_index)
     source = _LayerSource(buildah, native, workdir)
     for i in _unknown_layers(native, layers):
-        made = source.rewrite(i, lambda: contextlib.nullcontext(_Discard()), drop[i])
+        made, _ = source.rewrite(i, lambda: contextlib.nullcontext(_Discard()), drop[i])
         _resolve(native, drop, layers, i, (made.diff_id, made.size))
     return _config(native, layers)
 
@@ -261,30 +261,26 @@ def _unknown_layers(native: NativeImage, layers: dict[int, tuple[str, int]]) -> 
 
 class _LayerSource:
     """Reads the engine's layers for the rewrite: from the storage's own files (stored_layer.py) where it
-    can, else by a one-layer `buildah push`. `last_read` names which, for the progress line."""
+    can, else by a one-layer `buildah push`."""
 
     def __init__(self, buildah: Sequence[str], native: NativeImage, workdir: Path) -> None:
         self.buildah, self.native, self.workdir = buildah, native, workdir
         self.storage = stored_layer.OverlayStorage.of(buildah)
-        self.last_read = ""
 
-    def rewrite(self, i: int, open_sink: Callable[[], ContextManager[IO[bytes]]],
-                drop_stubs: bool) -> canonical.CanonicalLayer:
-        """Layer `i` rewritten into the sink `open_sink` opens (afresh, should the first read fail)."""
+    def rewrite(self, i: int, open_sink: Callable[[], contextlib.AbstractContextManager[IO[bytes]]],
+                drop_stubs: bool) -> tuple[canonical.CanonicalLayer, str]:
+        """Layer `i` rewritten into the sink `open_sink` opens (afresh, should the first read fail), and
+        where it was read from (for the progress line)."""
         diff_id = self.native.diff_ids[i]
         stream = self.storage.open(diff_id) if self.storage else None
         if stream is not None:
             try:
                 with stream, open_sink() as sink:
-                    made = canonical.rewrite_layer(stream, sink, drop_stubs, diff_id)
-                self.last_read = "the storage"
-                return made
+                    return canonical.rewrite_layer(stream, sink, drop_stubs, diff_id), "the storage"
             except (BuildFailure, stored_layer.UnreadableLayer):
                 pass  # files this reader misunderstands: buildah's own export, below, is the authority
         with _pushed_layer(self.buildah, self.native, self.workdir, i) as stream, open_sink() as sink:
-            made = canonical.rewrite_layer(stream, sink, drop_stubs, diff_id)
-        self.last_read = "buildah push"
-        return made
+            return canonical.rewrite_layer(stream, sink, drop_stubs, diff_id), "buildah push"
 
 
 @contextlib.contextmanager

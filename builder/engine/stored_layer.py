@@ -18,6 +18,7 @@ import json
 import subprocess
 from collections.abc import Iterator, Sequence
 from pathlib import Path, PurePosixPath
+from typing import IO
 
 _CHUNK = 1 << 20
 _FILE, _SEGMENT = 1, 2  # tar-split's entry types
@@ -66,16 +67,18 @@ class LayerStream:
         self.close()
 
 
-def _pieces(records, diff: Path) -> Iterator[bytes]:
+def _pieces(records: IO[str], diff: Path) -> Iterator[bytes]:
     for line in records:
         entry = json.loads(line)
-        if entry["type"] == _SEGMENT:
+        kind = entry["type"]
+        if kind == _SEGMENT:
             if entry.get("payload"):
                 yield base64.b64decode(entry["payload"])
-        elif entry["type"] == _FILE and entry.get("size"):
-            yield from _file_content(diff, _entry_path(entry), entry["size"])
-        elif entry["type"] not in (_FILE, _SEGMENT):
-            raise UnreadableLayer(f"unknown tar-split entry type {entry['type']!r}")
+        elif kind == _FILE:
+            if entry.get("size"):
+                yield from _file_content(diff, _entry_path(entry), entry["size"])
+        else:
+            raise UnreadableLayer(f"unknown tar-split entry type {kind!r}")
 
 
 def _entry_path(entry: dict) -> str:
