@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import http.server
 import socket
+import subprocess
+import sys
 import threading
 import time
 
@@ -66,6 +68,18 @@ def test_a_proxy_in_the_environment_is_not_used(server):
     result = health("--port", str(server.port), http_proxy=f"http://127.0.0.1:{dead}",
                     HTTP_PROXY=f"http://127.0.0.1:{dead}")
     assert result.returncode == 0, result.stderr
+
+
+def test_the_supervisors_readiness_probe_does_not_use_a_proxy_either(server):
+    """While the server starts, the supervisor asks /health too: a dead http_proxy must not make it
+    look unready (its own process, as in the container: urllib reads the proxy variables once)."""
+    dead = free_port()
+    probe = ("import sys; from builder.runtime.serve.supervise import probe_health; "
+             f"sys.exit(0 if probe_health('http://127.0.0.1:{server.port}/health', 5) else 1)")
+    env = {**harness.standin_env(), "http_proxy": f"http://127.0.0.1:{dead}", "HTTP_PROXY": f"http://127.0.0.1:{dead}"}
+    result = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, result.stderr
+    assert server.paths == ["/health"]
 
 
 @pytest.mark.parametrize("status", [503, 500, 204])

@@ -29,10 +29,9 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from typing import Callable
 
+from builder.runtime.serve import health
 from builder.runtime.serve.errors import (
     EXIT_OK,
     EXIT_SIGNAL_BASE,
@@ -79,11 +78,8 @@ def health_url(host: str, port: int) -> str:
 
 
 def probe_health(url: str, timeout_s: float) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as response:
-            return response.status == 200
-    except (urllib.error.URLError, OSError, ValueError):
-        return False
+    """GET `url` answers 200, asked as `entrypoint health` asks: never through a proxy."""
+    return health.probe(url, timeout_s) is None
 
 
 def describe_exit(returncode: int) -> str:
