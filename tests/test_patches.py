@@ -200,6 +200,102 @@ def test_unsupported_diffs_are_refused(tmp_path: Path, names, message):
         apply_patch.read_patch(str(patch))
 
 
+# The review's finding: GNU patch reads every diff format it finds in a file, so a
+# context diff after a unified hunk changed demo/other.py while apply_patch named
+# only demo/table.py (and byte-compiled only that).
+CONTEXT_DIFF_FOR_OTHER = (
+    "*** a/demo/other.py\n--- b/demo/other.py\n***************\n*** 1 ****\n! VALUE = 1\n--- 1 ----\n! VALUE = 666\n"
+)
+
+
+def test_context_diff_after_a_unified_hunk_is_refused_and_nothing_changes(site: Path, patch_file: Path,
+                                                                          tmp_path: Path):
+    smuggled = tmp_path / "0004-smuggled.patch"
+    smuggled.write_text(patch_file.read_text() + CONTEXT_DIFF_FOR_OTHER)
+
+    result = run_cli("--site-packages", str(site), str(smuggled))
+
+    assert result.returncode == 1
+    assert result.stderr.strip() == (
+        "apply_patch: error: patch 0004-smuggled.patch: line 16 ('*** a/demo/other.py') is a context diff; "
+        "only unified diffs are applied"
+    )
+    assert (site / "demo" / "other.py").read_text() == "VALUE = 1\n"
+    assert (site / "demo" / "table.py").read_text() == module_source()
+
+
+UNIFIED_OTHER = "--- a/demo/other.py\n+++ b/demo/other.py\n@@ -1 +1 @@\n-VALUE = 1\n+VALUE = 2\n"
+
+
+@pytest.mark.parametrize(
+    ("where", "text", "kind"),
+    [
+        ("after", CONTEXT_DIFF_FOR_OTHER, "a context diff"),
+        ("after", "***************\n*** 1 ****\n", "a context diff"),
+        ("before", CONTEXT_DIFF_FOR_OTHER, "a context diff"),  # GNU patch reads the header too
+        ("after", "1c1\n< VALUE = 1\n---\n> VALUE = 2\n", "a normal diff or ed script command"),
+        ("before", "1c\nVALUE = 2\n.\nw\n", "a normal diff or ed script command"),
+        ("after", "3,4d\n", "a normal diff or ed script command"),
+        ("after", "1s/1/2/\n", "a normal diff or ed script command"),
+        ("after", "diff --git a/demo/blob b/demo/blob\nGIT binary patch\nliteral 5\nMcmZ\n", "a binary patch"),
+        ("after", "Binary files a/demo/blob and b/demo/blob differ\n", "a binary patch"),
+        ("after", "diff --git a/demo/other.py b/demo/other.py\nold mode 100644\nnew mode 100755\n",
+         "a git mode, rename or copy header"),
+        ("after", "diff --git a/demo/other.py b/demo/moved.py\nrename from demo/other.py\n",
+         "a git mode, rename or copy header"),
+        ("after", "diff --git a/demo/other.py b/demo/other.py\n", "a git diff without a unified body"),
+        ("after", "+VALUE = 3\n", "not part of a unified diff"),
+        ("after", "Index: demo/other.py\n", "not part of a unified diff"),
+        ("after", "-- \n2.43.0\n" + UNIFIED_OTHER, "a diff after the patch's \"-- \" signature"),
+    ],
+)
+def test_every_diff_that_is_not_unified_is_refused(site: Path, patch_file: Path, tmp_path: Path,
+                                                     where, text, kind):
+    unified = patch_file.read_text()
+    patch = tmp_path / "0005-mixed.patch"
+    patch.write_text(text + unified if where == "before" else unified + text)
+    with pytest.raises(apply_patch.PatchError) as caught:
+        apply_patch.apply(str(site), str(patch))
+    (problem,) = caught.value.problems
+    assert re.fullmatch(rf"line \d+ \(.*\) is {re.escape(kind)}; only unified diffs are applied", problem), problem
+    assert (site / "demo" / "other.py").read_text() == "VALUE = 1\n"
+    assert (site / "demo" / "table.py").read_text() == module_source()
+
+
+def test_git_format_patch_layout_still_applies(site: Path, patch_file: Path, tmp_path: Path):
+    body = patch_file.read_text()[len(HEADER):]
+    patch = tmp_path / "0006-format-patch.patch"
+    patch.write_text(
+        "From 1234 Mon Sep 17 00:00:00 2001\nSubject: [PATCH] demo\n\n---\n demo/table.py | 1 +\n\n"
+        "diff --git a/demo/table.py b/demo/table.py\nindex 0123abc..4567def 100644\n" + body
+        + "diff --git a/demo/other.py b/demo/other.py\nindex 89abcde..f012345 100644\n" + UNIFIED_OTHER
+        + "-- \n2.43.0\n\n"
+    )  # fmt: skip
+    applied = apply_patch.apply(str(site), str(patch))
+    assert applied.files == ("demo/table.py", "demo/other.py")
+    assert NEW_ROW in (site / "demo" / "table.py").read_text()
+    assert (site / "demo" / "other.py").read_text() == "VALUE = 2\n"
+
+
+def test_gnu_patch_touching_a_file_the_patch_does_not_name_is_a_problem(patch_file: Path):
+    # The second layer: even if a diff GNU patch reads slipped past the reader, its report is checked.
+    diffs = apply_patch.read_patch(str(patch_file))
+    outcome = apply_patch.interpret("patching file demo/table.py\npatching file demo/other.py\n", 0, diffs)
+    assert not outcome.ok
+    assert outcome.problems == ("demo/other.py: GNU patch would change it, but the patch names no such file",)
+
+
+def test_lines_split_only_at_newlines_as_gnu_patch_splits_them(site: Path, tmp_path: Path):
+    # A form feed (Python's page break) inside a line is not a line break for GNU patch.
+    (site / "demo" / "other.py").write_text("VALUE = 1\n\x0c\nOTHER = 1\n")
+    work = tmp_path / "w"
+    work.mkdir()
+    patch = tmp_path / "0007-form-feed.patch"
+    patch.write_text(make_diff(work, "demo/other.py", "VALUE = 1\n\x0c\nOTHER = 1\n", "VALUE = 2\n\x0c\nOTHER = 1\n"))
+    apply_patch.apply(str(site), str(patch))
+    assert (site / "demo" / "other.py").read_text() == "VALUE = 2\n\x0c\nOTHER = 1\n"
+
+
 def test_text_without_a_diff_is_refused(tmp_path: Path):
     patch = tmp_path / "empty.patch"
     patch.write_text(HEADER)

@@ -13,9 +13,7 @@ patch sees what an earlier one changed (as in the image).
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
 import tempfile
 import zipfile
 from dataclasses import dataclass, field, replace
@@ -96,11 +94,8 @@ def hunks(text: str) -> list[Hunk]:
 
 
 def _reverse_applies(site_packages: Path, patch: Path) -> apply_patch.Outcome:
-    command = ["patch", "-p1", "-R", "--batch", "--fuzz=0", "--no-backup-if-mismatch", "--reject-file=-",
-               "--dry-run", "-d", str(site_packages), "-i", str(patch)]
-    env = {**os.environ, "LC_ALL": "C"}
-    result = subprocess.run(command, capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL, check=False)
-    return apply_patch.interpret(result.stdout + result.stderr, result.returncode, apply_patch.read_patch(str(patch)))
+    options = ["-p1", "-R", "--batch", "--fuzz=0", "--no-backup-if-mismatch", "--reject-file=-", "--dry-run"]
+    return apply_patch.run_gnu_patch(str(site_packages), str(patch), options)
 
 
 def _find_block(lines: list[str], block: tuple[str, ...]) -> int | None:

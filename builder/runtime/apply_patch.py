@@ -6,7 +6,11 @@ Runs inside the image during the build, one RUN per patch layer:
 
 Strict means GNU patch with -p1 and no fuzz: a hunk whose context does not match
 exactly (offsets allowed) fails the layer, naming the patch, the file and the hunk.
-A dry run comes first, so a failing patch changes nothing. The host's
+A dry run comes first, so a failing patch changes nothing. Only unified diffs are
+read: GNU patch also applies context diffs, normal diffs, ed scripts and git
+extended headers wherever it finds them, so a patch holding any of those is refused,
+and GNU patch is handed only the file headers and hunks this reader understood
+(every other line blanked), so it cannot change a file the patch does not name. The host's
 `builder patches check` imports this module, so the upstream check and the image
 build apply patches by the same rules. Standard library only.
 """
@@ -35,6 +39,19 @@ _HUNK_HEADER = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 _NO_FILE = re.compile(r"^can't find file to patch at input line (\d+)")
 _MALFORMED = re.compile(r"malformed patch at line (\d+)")
 _REVERSED = "Reversed (or previously applied) patch detected!"
+
+# What GNU patch would take for a diff that is not unified (its intuit_diff_type reads these).
+_CONTEXT_HUNK = re.compile(r"^\*{15}|^\*\*\* \d+(,\d+)? \*\*\*\*")
+_NORMAL_OR_ED = re.compile(r"^\d+(,\d+)?([acd]\d+(,\d+)?|[acdi]|s/.*)$")
+_GIT_BINARY = re.compile(r"^(GIT binary patch$|Binary files .* differ$|(literal|delta) \d+$)")
+_GIT_EXTENDED = re.compile(
+    r"^(old mode|new mode|deleted file mode|new file mode|rename from|rename to|copy from|copy to"
+    r"|similarity index|dissimilarity index) "
+)
+# Lines allowed between file diffs: git's per-file header, and git format-patch's signature.
+_GIT_DIFF = re.compile(r"^diff --git a/(\S+) b/(\S+)$")
+_GIT_INDEX = re.compile(r"^index [0-9a-f]+\.\.[0-9a-f]+( [0-7]{6})?$")
+_SIGNATURE = "-- "
 
 
 class PatchError(Exception):
@@ -117,22 +134,57 @@ def _hunk_length(lines: list[str], start: int, header: re.Match) -> int | None:
     return index - start
 
 
-def parse_patch(text: str, patch_name: str) -> list[FileDiff]:
-    """The files and hunks of a unified diff; anything before the first "---" is its header."""
-    lines = text.splitlines()
+def _not_unified(lines: list[str], index: int) -> str | None:
+    """The kind of non-unified diff syntax at `index`, or None."""
+    line = lines[index]
+    following = lines[index + 1] if index + 1 < len(lines) else ""
+    if _CONTEXT_HUNK.match(line) or (line.startswith("*** ") and following.startswith("--- ")):
+        return "a context diff"
+    if _NORMAL_OR_ED.match(line):
+        return "a normal diff or ed script command"
+    if _GIT_BINARY.match(line):
+        return "a binary patch"
+    if _GIT_EXTENDED.match(line):
+        return "a git mode, rename or copy header"
+    return None
+
+
+def _refuse(patch_name: str, index: int, what: str, line: str) -> PatchError:
+    shown = line if len(line) <= 60 else line[:57] + "..."
+    return PatchError(patch_name, [f"line {index + 1} ({shown!r}) is {what}; only unified diffs are applied"])
+
+
+def _parse(text: str, patch_name: str) -> tuple[list[FileDiff], list[str]]:
+    """The files and hunks of a unified diff, and the text GNU patch is given for it.
+
+    Anything before the first "---" is the patch's header (what, why, upstream). After
+    it only file headers, hunks, git's "diff --git"/"index" lines and a trailing "-- "
+    signature may appear. Every line that is not a file header or hunk is blanked in
+    the returned text, so line numbers stay those of the patch file.
+    """
+    # Split on "\n" only, as GNU patch does: str.splitlines would also break at \f, \r or U+2028.
+    lines = text.split("\n")
+    if text.endswith("\n"):
+        lines.pop()
+    kept = [""] * len(lines)
     diffs: list[FileDiff] = []
     index = 0
+    signed = False  # past git format-patch's "-- " signature: only its trailer remains
     while index < len(lines):
         line = lines[index]
-        if line.startswith("--- ") and index + 1 < len(lines) and lines[index + 1].startswith("+++ "):
+        header = _HUNK_HEADER.match(line)
+        file_header = line.startswith("--- ") and index + 1 < len(lines) and lines[index + 1].startswith("+++ ")
+        if signed and (header or file_header):
+            raise _refuse(patch_name, index, "a diff after the patch's \"-- \" signature", line)
+        if file_header:
             old = _strip_component(line[4:], patch_name)
             new = _strip_component(lines[index + 1][4:], patch_name)
             if old != new:
                 raise PatchError(patch_name, [f"renames {old} to {new}; not supported"])
             diffs.append(FileDiff(path=new, line=index + 1, hunks=()))
+            kept[index:index + 2] = lines[index:index + 2]
             index += 2
             continue
-        header = _HUNK_HEADER.match(line)
         if header and diffs:
             current = diffs[-1]
             hunk = Hunk(number=len(current.hunks) + 1, header=header.group(0), line=index + 1)
@@ -145,25 +197,60 @@ def parse_patch(text: str, patch_name: str) -> list[FileDiff]:
             new_side = tuple(line[1:] for line in body if line[:1] in (" ", "", "+"))
             hunk = Hunk(hunk.number, hunk.header, hunk.line, new_side)
             diffs[-1] = FileDiff(current.path, current.line, current.hunks + (hunk,))
+            kept[index:index + 1 + length] = lines[index:index + 1 + length]
             index += 1 + length
             continue
+        kind = _not_unified(lines, index)
+        if kind:
+            raise _refuse(patch_name, index, kind, line)
+        if diffs and not signed:
+            if line == _SIGNATURE:
+                signed = True
+            elif _GIT_DIFF.match(line):
+                if not _git_diff_has_body(lines, index + 1):
+                    raise _git_diff_refusal(lines, index, patch_name)
+            elif line.strip() and not _GIT_INDEX.match(line):
+                raise _refuse(patch_name, index, "not part of a unified diff", line)
         index += 1
     if not diffs:
         raise PatchError(patch_name, ["no unified diff found (expected --- a/PATH and +++ b/PATH)"])
     empty = [d.path for d in diffs if not d.hunks]
     if empty:
         raise PatchError(patch_name, [f"{path}: no hunks" for path in empty])
-    return diffs
+    return diffs, kept
+
+
+def _git_diff_refusal(lines: list[str], index: int, patch_name: str) -> PatchError:
+    """Name what a "diff --git" without a unified body holds instead (binary, mode, rename), if known."""
+    after = index + 1
+    kind = _not_unified(lines, after) if after < len(lines) else None
+    if kind:
+        return _refuse(patch_name, after, kind, lines[after])
+    return _refuse(patch_name, index, "a git diff without a unified body", lines[index])
+
+
+def _git_diff_has_body(lines: list[str], index: int) -> bool:
+    """A "diff --git" line is followed (after an optional "index" line) by "---"/"+++" names."""
+    if index < len(lines) and _GIT_INDEX.match(lines[index]):
+        index += 1
+    return index + 1 < len(lines) and lines[index].startswith("--- ") and lines[index + 1].startswith("+++ ")
+
+
+def parse_patch(text: str, patch_name: str) -> list[FileDiff]:
+    """The files and hunks of a unified diff; anything before the first "---" is its header."""
+    return _parse(text, patch_name)[0]
+
+
+def _read_text(patch_path: str) -> str:
+    try:
+        with open(patch_path, encoding="utf-8") as handle:
+            return handle.read()
+    except UnicodeDecodeError as error:
+        raise PatchError(os.path.basename(patch_path), [f"not UTF-8 text (byte {error.start})"]) from None
 
 
 def read_patch(patch_path: str) -> list[FileDiff]:
-    name = os.path.basename(patch_path)
-    try:
-        with open(patch_path, encoding="utf-8") as handle:
-            text = handle.read()
-    except UnicodeDecodeError as error:
-        raise PatchError(name, [f"not UTF-8 text (byte {error.start})"]) from None
-    return parse_patch(text, name)
+    return parse_patch(_read_text(patch_path), os.path.basename(patch_path))
 
 
 def _diff_at(diffs: list[FileDiff], line: int) -> FileDiff | None:
@@ -202,7 +289,10 @@ def interpret(output: str, returncode: int, diffs: list[FileDiff]) -> Outcome:
     for line in output.splitlines():
         if match := _FILE_LINE.match(line):
             name = _unquote(match.group(1))
-            current = by_path.get(name) or FileDiff(name, 0, ())
+            current = by_path.get(name)
+            if current is None:
+                current = FileDiff(name, 0, ())
+                problems.append(f"{name}: GNU patch would change it, but the patch names no such file")
         elif match := _HUNK_FAILED.match(line):
             hunk = hunk_of(int(match.group(1)))
             problems.append(_describe(current, hunk, f"FAILED at line {match.group(2)}"))
@@ -232,20 +322,25 @@ def interpret(output: str, returncode: int, diffs: list[FileDiff]) -> Outcome:
 
 def run_patch(site_packages: str, patch_path: str, *, dry_run: bool, fuzz: int = 0) -> Outcome:
     """One GNU patch run over site-packages; fuzz is 0 except to classify a failure."""
-    diffs = read_patch(patch_path)
-    command = ["patch", *STRICT_ARGS, f"--fuzz={fuzz}", "-d", os.path.abspath(site_packages)]
-    if dry_run:
-        command.append("--dry-run")
-    command += ["-i", os.path.abspath(patch_path)]
+    options = [*STRICT_ARGS, f"--fuzz={fuzz}"] + (["--dry-run"] if dry_run else [])
+    return run_gnu_patch(site_packages, patch_path, options)
+
+
+def run_gnu_patch(site_packages: str, patch_path: str, options: list[str]) -> Outcome:
+    """GNU patch with `options`, fed only the unified diff this module read from the patch."""
+    name = os.path.basename(patch_path)
+    diffs, kept = _parse(_read_text(patch_path), name)
+    command = ["patch", *options, "-d", os.path.abspath(site_packages)]
     # C locale: the messages interpret() reads are GNU patch's untranslated ones.
     env = {key: value for key, value in os.environ.items() if key != "POSIXLY_CORRECT"}
     env["LC_ALL"] = "C"
     try:
         result = subprocess.run(
-            command, capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL, check=False
-        )
+            command, input="".join(line + "\n" for line in kept), capture_output=True, text=True, env=env,
+            check=False,
+        )  # fmt: skip
     except FileNotFoundError:
-        raise PatchError(os.path.basename(patch_path), ["GNU patch is not installed"]) from None
+        raise PatchError(name, ["GNU patch is not installed"]) from None
     return interpret(result.stdout + result.stderr, result.returncode, diffs)
 
 
