@@ -22,7 +22,6 @@ from urllib.parse import unquote, urlsplit
 
 import requests
 from packaging import tags
-from uv import find_uv_bin
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from builder.errors import BuildFailure, UserError
@@ -51,7 +50,7 @@ class WheelResolution:
 
 def resolve(stack: Stack, uv: str | None = None) -> WheelResolution:
     """The stack's pins resolved for its python on PLATFORM; UserError when a source is unreachable."""
-    uv = uv or find_uv_bin()
+    uv = uv or _uv_binary()
     platform = platform_for(stack)
     indexes = _extra_indexes(stack)
     check_sources_reachable(stack)
@@ -158,6 +157,16 @@ def _override_requirement(stack: Stack, name: str) -> str:
     if package is None:
         raise UserError(f"{stack.name}: override for {name}, which the stack does not pin")
     return package.requirement
+
+
+def _uv_binary() -> str:
+    """uv's path, looked up only when a resolution needs it: the CLI imports this module for every
+    command, and all but the resolving ones work where uv is not installed."""
+    try:
+        from uv import find_uv_bin
+        return find_uv_bin()
+    except (ImportError, FileNotFoundError):
+        raise UserError("resolving a stack's pins needs uv, which is not installed here (pip install uv)") from None
 
 
 def _run_uv(stack: Stack, argv: list[str]) -> str:
