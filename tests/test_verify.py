@@ -11,7 +11,8 @@ from engine_helpers import EPOCH, TEST_BASE_TAG, tar_bytes, write_context
 
 from builder.engine.protocol import BuildRequest
 from builder.errors import UserError
-from builder.image.layer_diff import FileDifference, build_twice, compare, config_differences, read_image
+from builder.image.layer_diff import (
+    FileDifference, LayerRef, build_twice, compare, config_differences, layer_entries, read_image)
 
 
 def docker_archive(path, layers, steps, created="2025-01-01T00:00:00Z"):
@@ -83,23 +84,32 @@ def test_config_differences_give_paths():
 
 
 def test_oci_layout_is_read(tmp_path):
-    layer = tar_bytes(BASE_FILES)
-    config = json.dumps({"rootfs": {"diff_ids": [
-        "sha256:" + hashlib.sha256(layer).hexdigest()]}, "history": [{"created_by": "base"}]}).encode()
+    """Each layer is its own blob, in the manifest's order: a reader that took another blob (the
+    config's, or the layers swapped) names the wrong files and fails here."""
+    layers = [tar_bytes(BASE_FILES), tar_bytes({"built-at": b"1\n"})]
+    diff_ids = ["sha256:" + hashlib.sha256(layer).hexdigest() for layer in layers]
+    config = json.dumps({"rootfs": {"diff_ids": diff_ids},
+                         "history": [{"created_by": "base"}, {"created_by": STEPS[1]}]}).encode()
     blobs = tmp_path / "layout" / "blobs" / "sha256"
     blobs.mkdir(parents=True)
-    digests = {}
-    for name, data in {"layer": layer, "config": config}.items():
-        digests[name] = hashlib.sha256(data).hexdigest()
-        (blobs / digests[name]).write_bytes(data)
-    manifest = json.dumps({"config": {"digest": f"sha256:{digests['config']}"},
-                           "layers": [{"digest": f"sha256:{digests['layer']}"}]}).encode()
-    (blobs / hashlib.sha256(manifest).hexdigest()).write_bytes(manifest)
-    (tmp_path / "layout" / "index.json").write_text(json.dumps(
-        {"manifests": [{"digest": "sha256:" + hashlib.sha256(manifest).hexdigest()}]}))
+
+    def blob(data):
+        digest = hashlib.sha256(data).hexdigest()
+        (blobs / digest).write_bytes(data)
+        return f"sha256:{digest}"
+
+    config_digest = blob(config)
+    manifest = json.dumps({"config": {"digest": config_digest},
+                           "layers": [{"digest": blob(layer)} for layer in layers]}).encode()
+    (tmp_path / "layout" / "index.json").write_text(json.dumps({"manifests": [{"digest": blob(manifest)}]}))
     image = read_image(tmp_path / "layout")
-    assert image.config_digest == f"sha256:{digests['config']}"
-    assert [layer.step for layer in image.layers] == ["base"]
+    assert image.config_digest == config_digest
+    assert image.layers == tuple(
+        LayerRef(diff_id, step, f"blobs/sha256/{diff_id.removeprefix('sha256:')}")
+        for diff_id, step in zip(diff_ids, ["base", STEPS[1]]))
+    files = [sorted((path, entry[6]) for path, entry in layer_entries(image, layer).items()) for layer in image.layers]
+    assert files == [[("etc/os-release", hashlib.sha256(b"debian\n").hexdigest())],
+                     [("built-at", hashlib.sha256(b"1\n").hexdigest())]]
 
 
 def test_bad_inputs_say_what_is_wrong(tmp_path):
