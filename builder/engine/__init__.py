@@ -1,4 +1,4 @@
-"""Container engine backends behind one interface (see base.Engine)."""
+"""Container engine backends behind one interface (protocol.Engine)."""
 
 from __future__ import annotations
 

@@ -4,7 +4,8 @@ bit-identical (same image ID), which the Docker 20.10 daemon's builders cannot.
 A build runs in buildah's storage, then the image is copied into the local Docker daemon so
 `docker run` works: only the layers the daemon lacks (engine/delivery.py), or the whole image
 (`buildah push ID docker-daemon:TAG`) when it holds none. Either copy keeps the config blob
-byte-for-byte, so the image ID (the digest, see engine/base.py) is the same on both sides.
+byte-for-byte, so the image ID (the sha256 of the config, see engine/protocol.py) is the same on
+both sides.
 """
 
 from __future__ import annotations
