@@ -20,7 +20,7 @@ from pathlib import Path
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
-from builder.config import compat, schema
+from builder.config import compat, grammar, schema
 from builder.config.stack import AptSpec, Base, Bench, Override, Package, Serve, ServeMode, Stack
 from builder.config.toml_positions import Positions
 from builder.errors import UserError, one_line
@@ -185,6 +185,9 @@ class _Loader:
 
     def load(self, local_base: bool) -> Matrix:
         for key_path, message in schema.check(self.document, schema.MATRIX):
+            self.problem(key_path, message)
+        self.fail_if_problems()
+        for key_path, message in grammar.check(self.document):
             self.problem(key_path, message)
         self.fail_if_problems()
         if self.document["schema"] != 1:

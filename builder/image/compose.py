@@ -13,6 +13,7 @@ import json
 from dataclasses import dataclass
 
 from builder.config.stack import ServeMode, Stack
+from builder.errors import UserError, one_line
 from builder.image import tags
 from builder.paths import VENV_PYTHON
 from builder.runtime.serve import health
@@ -55,6 +56,9 @@ def literal(text: str) -> str:
 
 
 def variable(name: str, default: str) -> str:
+    """`${NAME:-default}`; a default holding '}' would end the interpolation early, and is refused."""
+    if "}" in default:
+        raise UserError(f"'{one_line(default)}' cannot be a compose variable's default (it holds '}}')")
     return "${" + name + ":-" + default + "}"
 
 
@@ -76,7 +80,10 @@ def image_reference(stack: Stack) -> ComposeImage:
 
 
 def mode_port(mode: ServeMode) -> int:
-    return int(mode.args.get("port", health.DEFAULT_PORT))
+    port = mode.args.get("port", health.DEFAULT_PORT)
+    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+        raise UserError(f"serve mode {one_line(mode.name)}: port {one_line(repr(port))} is not an integer from 1 to 65535")
+    return port
 
 
 def service(stack: Stack, mode: ServeMode) -> Service:

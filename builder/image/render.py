@@ -19,6 +19,7 @@ import jinja2
 from builder.config import compat, reference_figures
 from builder.config.matrix import LOCAL_SUFFIX
 from builder.config.stack import GROUP_ORDER, Stack
+from builder import escape
 from builder.errors import UserError
 from builder.files import write_atomic
 from builder.image import compose, patch_series
@@ -165,6 +166,7 @@ def _environment(templates: Path) -> jinja2.Environment:
         autoescape=False,
     )
     environment.filters["quoted"] = compose.quoted
+    environment.filters.update(escape.FILTERS)
     return environment
 
 

@@ -2,8 +2,9 @@
 registry, so publishing needs no copy of the image in the Docker daemon (CI builds and pushes this way).
 
 The credentials are the ones the Docker config holds for the host (what the daemon would use), handed
-to buildah in a private auth file (empty when there are none), never on the command line. A loopback registry is spoken to over
-plain HTTP, as the Docker daemon does.
+to buildah in a private auth file (empty when there are none), never on the command line. Whether
+buildah verifies TLS is the transport policy's to say (publish/transport_policy.py): off only for a
+loopback registry, judged by its parsed host, as the Docker daemon speaks plain HTTP to it.
 """
 
 from __future__ import annotations
@@ -16,20 +17,19 @@ from pathlib import Path
 
 from builder.engine.process import run_quiet
 from builder.errors import BuildFailure
+from builder.publish import transport_policy
 from builder.publish.registry_auth import Credentials
 from builder.publish.registry_http import TransientError
 
-_LOOPBACK = ("localhost", "127.", "[::1]")
-
 
 def push(image_id: str, reference: str, host: str, credentials: Credentials | None,
-         is_transient) -> str:
+         is_transient, policy: transport_policy.Policy | None = None) -> str:
     """Push image_id as reference (host/repository:tag); the manifest digest the registry stored."""
     with tempfile.TemporaryDirectory(prefix="builder-push-") as scratch:
         digest_file = Path(scratch) / "digest"
         argv = ["buildah", "push", "--quiet", "--digestfile", str(digest_file)]
-        if host.startswith(_LOOPBACK):
-            argv.append("--tls-verify=false")
+        policy = policy or transport_policy.load()
+        argv.append(f"--tls-verify={'true' if transport_policy.engine_tls_verify(host, policy) else 'false'}")
         # Always our own auth file: exactly the Docker config's credentials, whatever else buildah would read.
         argv += ["--authfile", str(_auth_file(Path(scratch), host, credentials))]
         argv += [image_id, f"docker://{reference}"]

@@ -121,7 +121,7 @@ def push(stack: str, registry: str, *, lock_path: Path, retry: Retry = Retry(),
             raise BuildFailure(f"{host}/{remote}:{tag} already names another image ({existing}); "
                                "immutable tags are never moved")
         if client is None:
-            return engine_push.push(local_id, f"{host}/{remote}:{tag}", host, credentials, is_transient)
+            return engine_push.push(local_id, f"{host}/{remote}:{tag}", host, credentials, is_transient, policy)
         client.api.tag(local_id, f"{host}/{remote}", tag)
         return _push_stream(client, f"{host}/{remote}", tag, credentials.for_daemon(host) if credentials else None)
 

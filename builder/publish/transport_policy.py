@@ -22,11 +22,12 @@ from enum import Enum
 from urllib.parse import urlsplit
 
 from builder.errors import UserError
+from builder.publish.loopback import address as _address
+from builder.publish.loopback import host_name, is_loopback
 from builder.publish.registry_auth import parse_challenge
 
 DAEMON_CONFIG_ENV = "BUILDER_DOCKER_DAEMON_CONFIG"
 DEFAULT_DAEMON_CONFIG = "/etc/docker/daemon.json"
-LOOPBACK_NETWORKS = (ipaddress.ip_network("127.0.0.0/8"), ipaddress.ip_network("::1/128"))
 
 
 class Kind(Enum):
@@ -47,20 +48,6 @@ class Login:
     with_credentials: bool = False
     realm: str = ""
     query: tuple[tuple[str, str], ...] = ()
-
-
-def host_name(host: str) -> str:
-    """'host:5000' -> 'host'; '[::1]:5000' -> '::1'; '::1' -> '::1'."""
-    if host.startswith("["):
-        return host[1:].partition("]")[0]
-    return host.partition(":")[0] if host.count(":") == 1 else host
-
-
-def _address(name: str):
-    try:
-        return ipaddress.ip_address(name)
-    except ValueError:
-        return None
 
 
 @dataclass(frozen=True)
@@ -95,8 +82,7 @@ class Policy:
         host = host.lower()
         name = host_name(host)
         address = _address(name)
-        if name == "localhost" or address is not None and any(address in n for n in LOOPBACK_NETWORKS
-                                                               if n.version == address.version):
+        if is_loopback(host):
             return Kind.LOOPBACK
         if host in self.names or address is not None and any(address in n for n in self.networks
                                                               if n.version == address.version):
@@ -147,6 +133,13 @@ def load(path: str | None = None) -> Policy:
 def schemes(kind: Kind) -> tuple[str, ...]:
     """The schemes tried, in order, as the daemon tries them: https, then http where allowed."""
     return ("https",) if kind is Kind.TLS_ONLY else ("https", "http")
+
+
+def engine_tls_verify(host: str, policy: Policy) -> bool:
+    """Whether an engine (buildah, podman, skopeo: their --tls-verify) must verify TLS for `host`: off only
+    for loopback, where the daemon speaks plain http too. An insecure-registries host keeps TLS on: an
+    engine's switch would also send the login over plain http, which goes only to loopback."""
+    return policy.kind(host) is not Kind.LOOPBACK
 
 
 def credentials_may_cross(kind: Kind, scheme: str) -> bool:
