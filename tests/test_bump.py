@@ -200,7 +200,7 @@ def test_bump_workflow_bumps_when_newer_builds_default_index_rows_and_proposes_o
     workflow = yaml.safe_load((REPO / ".github/workflows/bump.yml").read_text())
     triggers = workflow[True]  # YAML 1.1 reads the key `on` as true
     assert "workflow_dispatch" in triggers and triggers["schedule"][0]["cron"]
-    steps = workflow["jobs"]["bump"]["steps"]
+    steps = workflow["jobs"]["candidate"]["steps"]
     runs = [step.get("run", "") for step in steps]
 
     def at(command: str) -> int:
@@ -210,12 +210,21 @@ def test_bump_workflow_bumps_when_newer_builds_default_index_rows_and_proposes_o
 
     order = [at("builder bump --newer sglang"), at('builder bump "$PIN" --from "$FROM"'),
              at("builder render --check"), at("builder lock --check"), at("builder base"),
-             at('builder build --stack "$row"'), at('builder bump --report "$CANDIDATE"'), at("gh pr create")]
+             at('builder build --stack "$row"'), at('builder bump --report "$CANDIDATE"')]
     assert order == sorted(order)
     for index in order[1:]:
         assert steps[index]["if"] in ("steps.newer.outputs.pin != ''", "steps.bump.outputs.default_index_rows != ''")
-    assert "gh pr edit" in runs[order[-1]] and "--body-file" in runs[order[-1]]
-    assert "git add matrix.toml matrix.lock images/ patches/" in runs[order[-1]]
+    upload = steps[-1]
+    assert upload["uses"].startswith("actions/upload-artifact@") and upload["with"]["name"] == "bump-candidate"
+    assert {"matrix.toml", "matrix.lock", "images/", "patches/"} <= set(upload["with"]["path"].split())
+    # The pull request comes from the second job, which has the artifact and write access, and runs no builder.
+    propose = workflow["jobs"]["propose"]
+    assert propose["needs"] == "candidate" and propose["if"] == "needs.candidate.outputs.candidate != ''"
+    assert propose["steps"][1]["with"]["name"] == "bump-candidate"
+    (pull_request,) = [step["run"] for step in propose["steps"] if "gh pr create" in step.get("run", "")]
+    assert "gh pr edit" in pull_request and "--body-file" in pull_request
+    assert "git add matrix.toml matrix.lock images/ patches/" in pull_request
+    assert not any(tool in pull_request for tool in (".venv/", "scripts/", "python", "sudo"))
 
 
 def _clone(tmp_path: Path) -> Path:
