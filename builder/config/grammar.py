@@ -88,9 +88,10 @@ def _text(what: str):
     return rule
 
 
-def url_problem(url: str, allow_template: bool = False) -> str | None:
+def url_problem(url: str, allow_template: bool = False, signed_archive: bool = False) -> str | None:
     """Why `url` is not a source URL: https, or plain http to loopback only (by parsed host), with no
-    user or password. Never quotes the URL."""
+    user or password. Never quotes the URL. A `signed_archive` (an apt archive: its signed InRelease
+    names every file's sha256, and apt's own defaults are plain http) may be plain http anywhere."""
     probe = url.replace("{archive}", "a").replace("{timestamp}", "t") if allow_template else url
     if not _URL_CHARS.fullmatch(probe):
         return "is not a URL (printable ASCII with no spaces, quotes, backslash, '$' or '`')"
@@ -107,14 +108,14 @@ def url_problem(url: str, allow_template: bool = False) -> str | None:
     if parts.scheme == "https":
         return None
     if parts.scheme == "http":
-        return None if is_loopback_name(host) else \
+        return None if signed_archive or is_loopback_name(host) else \
             "is plain http to a host that is not loopback (sources are https://; http only to 127.0.0.0/8, ::1, localhost)"
     return f"has scheme '{one_line(parts.scheme)}' (sources are https://; http only to loopback)"
 
 
-def _url(what: str, allow_template: bool = False):
+def _url(what: str, allow_template: bool = False, signed_archive: bool = False):
     def rule(value):
-        if isinstance(value, str) and value and (problem := url_problem(value, allow_template)):
+        if isinstance(value, str) and value and (problem := url_problem(value, allow_template, signed_archive)):
             return f"{what} {problem}"
         return None
     return rule
@@ -129,7 +130,7 @@ def _apt_source(value):
     if not words or words[0] != "deb":
         return "apt source line must read 'deb URI SUITE COMPONENT...'"
     for word in words:
-        if "://" in word and (problem := url_problem(word)):
+        if "://" in word and (problem := url_problem(word, signed_archive=True)):
             return f"apt source URI {problem}"
     return None
 
@@ -217,7 +218,7 @@ _APT_VALUES = {
     ("suite",): _matches(ARCHIVE_NAME, "suite"),
     ("sources", "#"): _apt_source,
     ("keyring",): _text("keyring"),
-    ("snapshot",): _url("snapshot", allow_template=True),
+    ("snapshot",): _url("snapshot", allow_template=True, signed_archive=True),
 }
 _VALUES = {
     ("defaults", "repository"): _matches(REPOSITORY, "repository"),

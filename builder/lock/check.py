@@ -85,7 +85,10 @@ def _stale_debs(stack: Stack, root: Path, resolution: Resolution) -> str | None:
 def stale_rows(stacks: tuple[Stack, ...], root: Path, path: Path,
                inputs_of: Callable[[Stack, Path, str], Inputs]) -> tuple[list[str], list[str]]:
     """(problems, notes): one line per stale row, and one per row with nothing to check.
-    `inputs_of(stack, root, base digest)` gives the row's current build inputs."""
+    `inputs_of(stack, root, base digest)` gives the row's current build inputs. No lock at all is
+    refused (UserError): there is nothing the tree could be current against."""
+    if not Path(path).is_file():
+        raise UserError(f"{path}: no lock to check; run `builder lock` and commit {Path(path).name}")
     lock = store.read(path)
     problems, notes = [], []
     for stack in stacks:

@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
-from builder.errors import UserError
+from builder.errors import UserError, one_line
 from builder.files import TEMP_SUFFIX, write_atomic
+from builder.lock import validate
 from builder.lock.migrate import MIGRATIONS
 from builder.lock.model import LockEntry
 
@@ -58,8 +59,16 @@ def parse(text: str, path: Path) -> LockFile:
     read_entry = LockEntry.from_dict if schema == SCHEMA else MIGRATIONS[schema]
     try:
         stacks = {name: read_entry(item) for name, item in data["stacks"].items()}
+        problems = [f"{one_line(str(name))}: {problem}" for name, entry in stacks.items()
+                    for problem in validate.problems(name, data["stacks"][name], entry)]
+        if schema == SCHEMA:
+            problems += [f"{one_line(str(name))}: distributions_hash is missing" for name, item in data["stacks"].items()
+                         if "distributions_hash" not in item["resolution"]]
     except (KeyError, TypeError, ValueError, AttributeError) as error:
-        raise UserError(f"{path}: not a schema-{schema} lock ({type(error).__name__}: {error})") from None
+        raise UserError(f"{path}: not a schema-{schema} lock ({type(error).__name__}: {one_line(str(error))})") from None
+    if problems:
+        more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
+        raise UserError(f"{path}: malformed lock, refused: {'; '.join(problems[:3])}{more}")
     return LockFile(stacks, schema)
 
 

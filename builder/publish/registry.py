@@ -17,7 +17,7 @@ import requests
 
 from builder.engine.buildah import BuildahEngine
 from builder.engine.daemon import docker_client
-from builder.errors import BuildFailure, UserError
+from builder.errors import BuildFailure, UserError, one_line
 from builder.lock import records, store
 from builder.lock.model import PushRecord
 from builder.publish import engine_push, registry_auth, transport_policy
@@ -33,6 +33,10 @@ _TRANSIENT = re.compile(
 )
 
 
+# host[:port] or [v6]:port, then a repository path.
+_REGISTRY = re.compile(r"(?:[A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\])(?::[0-9]{1,5})?(?:/[a-z0-9._/-]+)?")
+
+
 def is_transient(message: str) -> bool:
     return bool(_TRANSIENT.search(message))
 
@@ -40,8 +44,11 @@ def is_transient(message: str) -> bool:
 def split_registry(registry: str) -> tuple[str, str]:
     """'host:5000/team' -> ('host:5000', 'team/'): the API host and the repository prefix."""
     registry = registry.strip().rstrip("/")
-    if not registry or "://" in registry or " " in registry:
-        raise UserError(f"registry {registry!r}: give host[:port][/namespace], without a scheme")
+    if "@" in registry:  # never echoed: what stands before the '@' is a user name and password
+        raise UserError("--registry carries a user name or password, refused: give host[:port][/namespace] and "
+                        "log in with `docker login HOST` (credentials come from the Docker config)")
+    if not registry or "://" in registry or not _REGISTRY.fullmatch(registry):
+        raise UserError(f"registry {one_line(registry)!r}: give host[:port][/namespace], without a scheme")
     host, _, namespace = registry.partition("/")
     return host, (namespace + "/" if namespace else "")
 
