@@ -2,7 +2,7 @@
 with a SLSA provenance v1 predicate (https://slsa.dev/spec/v1.0/provenance).
 
 Everything here is about the run, not the image: the commit and whether the tree was dirty, the
-builder's and the engine's versions, the host, start and end times, durations. None of it may reach
+builder's and the engine's versions, the host's platform (never its name), start and end times, durations. None of it may reach
 the image config (that would make the image id depend on the clone, the host and the clock), so it is
 written beside the build report, outside the tracked files, and referenced from the lock.
 """
@@ -119,7 +119,9 @@ def statement(
                 "builder": {"id": BUILDER_ID, "version": {DISTRIBUTION: builder_version(), engine: engine_version}},
                 "metadata": {"startedOn": _time(started), "finishedOn": _time(finished)},
                 "byproducts": [
-                    {"name": "host", "annotations": {"hostname": platform.node(), "platform": platform.platform(),
+                    # The platform, not the machine: a host name says where a build ran, and is not the
+                    # record's to publish.
+                    {"name": "host", "annotations": {"platform": platform.platform(),
                                                      "python": platform.python_version()}},
                     {"name": "durations", "annotations": {key: value for key, value in sorted(durations_s.items())}},
                 ],
