@@ -376,18 +376,21 @@ def test_unknown_version_names_the_missing_series(tmp_path: Path):
 
 
 def test_repository_series_cover_the_sm120_gaps():
-    assert patch_series.all_series(PATCHES) == [("flashinfer-python", "0.6.4"), ("sglang", "0.5.9")]
+    assert patch_series.all_series(PATCHES) == [
+        ("flashinfer-python", "0.6.4"), ("sglang", "0.5.23"), ("sglang", "0.5.9")]
+    symm_mem = (
+        "sglang/srt/distributed/device_communicators/all_reduce_utils.py",
+        "sglang/srt/distributed/device_communicators/torch_symm_mem.py",
+    )
     sglang = patch_series.series_for("sglang", "0.5.9", PATCHES)
-    assert [p.files for p in sglang] == [
-        (
-            "sglang/srt/distributed/device_communicators/all_reduce_utils.py",
-            "sglang/srt/distributed/device_communicators/torch_symm_mem.py",
-        ),
-        ("sglang/srt/layers/communicator.py",),
-    ]
+    assert [p.files for p in sglang] == [symm_mem, ("sglang/srt/layers/communicator.py",)]
+    # 0.5.23 decides the fusion backend in flashinfer_comm_fusion.py and applies it in add_norm.py.
+    ported = patch_series.series_for("sglang", "0.5.23", PATCHES)
+    assert [p.files for p in ported] == [symm_mem, (
+        "sglang/srt/layers/flashinfer_comm_fusion.py", "sglang/srt/layers/layer_boundary/residual/add_norm.py")]
     flashinfer = patch_series.series_for("flashinfer-python", "0.6.4", PATCHES)
     assert [p.files for p in flashinfer] == [("flashinfer/jit/comm.py",)]
-    for patch in sglang + flashinfer:
+    for patch in sglang + ported + flashinfer:
         header = patch_series.patch_header(patch.path)
         assert "What:" in header and "Why:" in header and "Upstream:" in header, patch.name
         assert patch.path.stat().st_size < 64 * 1024, patch.name

@@ -90,7 +90,9 @@ def test_cli_check_reports_every_patch():
     applied = [line.split()[1] for line in result.stdout.splitlines() if line.startswith("  applied ")]
     assert applied == [
         "0001-trtllm-comm-sm120.patch",
-        "0001-torch-symm-mem-sm120.patch",
+        "0001-torch-symm-mem-sm120.patch",  # sglang 0.5.23
+        "0002-allreduce-fusion-backend-sm120.patch",
+        "0001-torch-symm-mem-sm120.patch",  # sglang 0.5.9
         "0002-allreduce-fusion-apply-sm120.patch",
     ]
 
