@@ -73,21 +73,36 @@ def test_eagle3_reports_accept_length_against_its_own_pin(tmp_path):
 def test_attach_to_a_running_server_with_its_api_key(tmp_path):
     port = harness.free_port()
     env = harness.standin_env(tok_s=95.0)
-    serving = harness.Running(["serve", *harness.launch_args(tmp_path, port), "--api-key", "s3cret"], env)
+    record = tmp_path / "record.json"
+    key_file = tmp_path / "api-key"
+    key_file.write_text("s3cret\n")
+    serving = harness.Running(["serve", *harness.launch_args(tmp_path, port), "--api-key-file", str(key_file)],
+                              {**env, "STANDIN_RECORD": str(record)})
     try:
         serving.wait_for(r"server ready after")
         url = f"http://127.0.0.1:{port}"
         common = ["bench", "--mode", "baseline", "--url", url, *WORKLOAD, "--output", str(tmp_path / "bench.json")]
         refused = harness.run_entrypoint(common, env)
         assert refused.returncode == 7
-        assert f"entrypoint: error: POST {url}/generate answered HTTP 401 (pass --api-key)" in refused.stderr
+        assert (f"entrypoint: error: POST {url}/generate answered HTTP 401 (set SERVE_API_KEY or pass "
+                "--api-key-file)") in refused.stderr
+        on_argv = harness.run_entrypoint([*common, "--api-key", "s3cret"], env)
+        assert on_argv.returncode == 2 and "--api-key is not taken" in on_argv.stderr
+        assert "s3cret" not in on_argv.stderr
 
-        result = harness.run_entrypoint([*common, "--api-key", "s3cret", "--reference", "80"], env, timeout=120)
+        result = harness.run_entrypoint([*common, "--reference", "80"], {**env, "SERVE_API_KEY": "s3cret"}, timeout=120)
         assert result.returncode == 0, result.stderr
         report = load_report(tmp_path)
         assert report["reference_tok_s"] == 80.0 and report["verdict"] == "faster"
         assert report["url"] == url and report["gpus"] == []
-        assert "s3cret" not in serving.text()  # the key is hidden in what the entrypoint prints
+        # The server got the key, on no process's command line, and its ServerArgs log line hides it.
+        server = harness.read_record(record)
+        assert server["api_key"] == "s3cret" and "s3cret" not in " ".join(server["cmdline"])
+        assert not {"SERVE_API_KEY", "SERVE_API_KEY_FILE"} & set(server["env"])
+        printed = serving.text() + serving.output()
+        assert "api_key='***'" in printed and "s3cret" not in printed
+        log = (tmp_path / "cache" / "logs" / f"sglang-port{port}-node0.log").read_text()
+        assert "api_key='***'" in log and "s3cret" not in log
     finally:
         serving.proc.send_signal(signal.SIGTERM)
         assert serving.finish() == 128 + signal.SIGTERM

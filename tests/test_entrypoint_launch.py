@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from builder.runtime import stackinfo
-from builder.runtime.serve import launch
+from builder.runtime.serve import api_key, launch
 from builder.runtime.serve.errors import UsageError
 from checkouts import in_image_tools
 from standin_sglang import harness
@@ -57,19 +57,22 @@ def test_eagle3_adds_the_speculative_settings_and_draft(stack):
 
 def test_user_options_replace_profile_values_without_duplicates(stack):
     plan = plan_for(
-        stack, tp=4, port=31000, host="127.0.0.1", api_key="secret",
+        stack, tp=4, port=31000, host="127.0.0.1", api_key=api_key.ApiKey("secret", None),
         nnodes=2, node_rank=1, dist_init_addr="10.0.0.1:5000",
     )  # fmt: skip
     command = list(plan.command)
     for flag, value in [
-        ("--tp-size", "4"), ("--port", "31000"), ("--host", "127.0.0.1"), ("--api-key", "secret"),
+        ("--tp-size", "4"), ("--port", "31000"), ("--host", "127.0.0.1"),
         ("--nnodes", "2"), ("--node-rank", "1"), ("--dist-init-addr", "10.0.0.1:5000"),
     ]:  # fmt: skip
         assert command.count(flag) == 1
         assert command[command.index(flag) + 1] == value
     assert plan.gpus_needed == 2  # tp 4 split over 2 nodes
-    assert "secret" not in plan.display_command()
-    assert plan.display_command()[plan.display_command().index("--api-key") + 1] == "***"
+    # The key is on no command line: the keyed launcher adds it inside the server's process.
+    assert command[1:3] == ["-m", "builder.runtime.serve.keyed_launch"]
+    assert "--api-key" not in command and "secret" not in command and "secret" not in json.dumps(plan.env)
+    assert plan.api_key == "secret" and "secret" not in repr(plan)
+    assert launch.child_environment(plan, {"PATH": "/bin"})["SERVE_API_KEY"] == "secret"
 
 
 def test_extra_arguments_pass_through_unchanged_at_the_end(stack):
@@ -141,15 +144,15 @@ def test_dry_run_prints_command_and_env_with_passthrough(tmp_path):
     env = harness.standin_env()
     result = harness.run_entrypoint(
         ["serve", "--mode", "eagle3", "--model", "/m", "--draft-model", "/d", "--tp", "4",
-         "--api-key", "k", "--dry-run", "--", "--mem-fraction-static", "0.8"],
-        env,
+         "--dry-run", "--", "--mem-fraction-static", "0.8"],
+        {**env, "SERVE_API_KEY": "k-secret"},
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     shown = json.loads(result.stdout)
-    assert shown["command"][1:3] == ["-m", "sglang.launch_server"]
+    assert shown["command"][1:3] == ["-m", "builder.runtime.serve.keyed_launch"]
     assert shown["command"][-2:] == ["--mem-fraction-static", "0.8"]
     assert shown["command"][shown["command"].index("--tp-size") + 1] == "4"
-    assert shown["command"][shown["command"].index("--api-key") + 1] == "***"
+    assert "k-secret" not in result.stdout + result.stderr and "--api-key" not in shown["command"]
     assert shown["env"]["SGLANG_DISABLE_CUDNN_CHECK"] == "1"
 
 

@@ -181,7 +181,7 @@ def stream_generate(
         with urllib.request.urlopen(request, timeout=timeout_s) as response:
             return read_stream(response, started, time.perf_counter)
     except urllib.error.HTTPError as error:
-        hint = " (pass --api-key)" if error.code == 401 else ""
+        hint = " (set SERVE_API_KEY or pass --api-key-file)" if error.code == 401 else ""
         raise BenchFailed(f"POST {request.full_url} answered HTTP {error.code}{hint}") from None
     except (urllib.error.URLError, OSError) as error:
         reason = getattr(error, "reason", error)

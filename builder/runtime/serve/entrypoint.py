@@ -29,7 +29,7 @@ import sys
 import urllib.parse
 
 from builder.runtime import stackinfo
-from builder.runtime.serve import bench, health, launch, preflight
+from builder.runtime.serve import api_key, bench, health, launch, preflight
 from builder.runtime.serve.errors import (
     EXIT_OK,
     EXIT_SIGNAL_BASE,
@@ -133,7 +133,9 @@ def add_launch_options(parser: argparse.ArgumentParser, model_required: bool) ->
     parser.add_argument("--tp", type=positive_int, help="tensor parallel size (profile default: 8)")
     parser.add_argument("--port", type=port_number, help="HTTP port (profile default)")
     parser.add_argument("--host", help="listen address (profile default)")
-    parser.add_argument("--api-key", help="API key the server requires (health checks bypass it)")
+    parser.add_argument("--api-key-file", help="file holding the API key the server requires (or set "
+                        "SERVE_API_KEY_FILE or SERVE_API_KEY; health checks bypass it)")
+    parser.add_argument("--api-key", help=argparse.SUPPRESS)  # refused: see api_key.py
     parser.add_argument("--nnodes", type=positive_int, help="number of nodes (multi-node)")
     parser.add_argument("--node-rank", type=non_negative_int, help="this node's rank (multi-node)")
     parser.add_argument("--dist-init-addr", help="HOST:PORT of node 0 (multi-node)")
@@ -207,6 +209,13 @@ def load_stack() -> dict:
         raise UsageError(f"cannot read the stack description: {error}") from None
 
 
+def server_key(args: argparse.Namespace) -> api_key.ApiKey | None:
+    if args.api_key is not None:
+        raise UsageError("--api-key is not taken: a command line is visible to every process listing; "
+                         f"use --api-key-file PATH or set {api_key.FILE_VARIABLE} or {api_key.KEY_VARIABLE}")
+    return api_key.read(args.api_key_file, os.environ)
+
+
 def serve_options(args: argparse.Namespace, extra: tuple[str, ...]) -> launch.ServeOptions:
     return launch.ServeOptions(
         mode=args.mode,
@@ -215,7 +224,7 @@ def serve_options(args: argparse.Namespace, extra: tuple[str, ...]) -> launch.Se
         tp=args.tp,
         port=args.port,
         host=args.host,
-        api_key=args.api_key,
+        api_key=server_key(args),
         nnodes=args.nnodes,
         node_rank=args.node_rank,
         dist_init_addr=args.dist_init_addr,
@@ -265,10 +274,11 @@ def supervised(plan: launch.LaunchPlan, args, report, limits: Timeouts, job_fact
         log_path=log_path,
         health=health_url(plan.host, plan.port),
         timeouts=limits,
+        redact=plan.key.redact if plan.key else None,
     )
     job = job_factory(supervisor) if job_factory else None
     try:
-        return supervisor.run(job=job, display=plan.display_command())
+        return supervisor.run(job=job, display=list(plan.command))
     except (StartupFailed, StartupStalled):
         if report.busy:  # the likeliest reason a start fails on this deployment
             say("note: GPU memory was held by " + ", ".join(p.describe() for p in report.busy))
@@ -282,7 +292,7 @@ def cmd_serve(args: argparse.Namespace, extra: tuple[str, ...]) -> int:
     stack = load_stack()
     plan = launch.build_plan(stack, serve_options(args, extra), sys.executable)
     if args.dry_run:
-        print(json.dumps({"command": plan.display_command(), "env": plan.env}, indent=2, sort_keys=True))
+        print(json.dumps({"command": list(plan.command), "env": plan.env}, indent=2, sort_keys=True))
         return EXIT_OK
     limits = timeouts(args)
     announce_env(plan)
@@ -326,7 +336,8 @@ def cmd_bench(args: argparse.Namespace, extra: tuple[str, ...]) -> int:
             raise UsageError("--url benchmarks a running server: drop --model, --draft-model and -- arguments")
         # No Supervisor here to catch stop signals, and PID 1 ignores those it has no handler for.
         signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(EXIT_SIGNAL_BASE + signum))
-        return bench.benchmark(measure, args.url, args.api_key, say)
+        key = server_key(args)
+        return bench.benchmark(measure, args.url, key.value if key else None, say)
     if not args.model:
         raise UsageError("bench needs --model PATH to launch a server, or --url URL to attach to one")
 

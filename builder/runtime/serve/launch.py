@@ -11,9 +11,12 @@ import dataclasses
 import os
 
 from builder.runtime import stackinfo
+from builder.runtime.serve.api_key import ApiKey
 from builder.runtime.serve.errors import UsageError
 
 LAUNCHER_MODULE = "sglang.launch_server"
+# With an API key the server starts through this module, which adds --api-key inside its process.
+KEYED_LAUNCHER_MODULE = "builder.runtime.serve.keyed_launch"
 SGLANG_DEFAULT_HOST = "127.0.0.1"  # ServerArgs.host in sglang 0.5.9
 SGLANG_DEFAULT_PORT = 30000  # ServerArgs.port
 
@@ -38,7 +41,7 @@ OWNED_FLAGS = {
     "--tp": "--tp",
     "--host": "--host",
     "--port": "--port",
-    "--api-key": "--api-key",
+    "--api-key": "--api-key-file",
     "--speculative-draft-model-path": "--draft-model",
     "--speculative-draft-model": "--draft-model",
     "--nnodes": "--nnodes",
@@ -58,7 +61,7 @@ class ServeOptions:
     tp: int | None = None
     port: int | None = None
     host: str | None = None
-    api_key: str | None = None
+    api_key: ApiKey | None = None
     nnodes: int | None = None
     node_rank: int | None = None
     dist_init_addr: str | None = None
@@ -77,6 +80,7 @@ class LaunchPlan:
     server_args: dict  # ServerArgs name -> value, profile overlaid with the user's options
     env: dict  # variables the entrypoint contributes; the caller's environment wins over them
     cache_dir: str
+    key: ApiKey | None = None  # never in `command` or `env`: the launcher reads it (api_key.py)
 
     @property
     def host(self) -> str:
@@ -88,7 +92,7 @@ class LaunchPlan:
 
     @property
     def api_key(self) -> str | None:
-        return self.server_args.get("api_key")
+        return self.key.value if self.key else None
 
     @property
     def node_rank(self) -> int:
@@ -100,14 +104,6 @@ class LaunchPlan:
         world = int(self.server_args.get("tp_size") or 1) * int(self.server_args.get("pp_size") or 1)
         nnodes = int(self.server_args.get("nnodes") or 1)
         return -(-world // nnodes)
-
-    def display_command(self) -> list[str]:
-        """The command with the API key hidden, for logs and the terminal."""
-        shown = list(self.command)
-        for index, word in enumerate(shown[:-1]):
-            if word == "--api-key":
-                shown[index + 1] = "***"
-        return shown
 
 
 def mode_profile(stack: dict, mode: str) -> dict:
@@ -157,7 +153,6 @@ def user_overrides(options: ServeOptions) -> dict:
         "tp_size": options.tp,
         "host": options.host,
         "port": options.port,
-        "api_key": options.api_key,
         "speculative_draft_model_path": options.draft_model,
         "nnodes": options.nnodes,
         "node_rank": options.node_rank,
@@ -199,7 +194,7 @@ def build_plan(stack: dict, options: ServeOptions, python: str) -> LaunchPlan:
     command = (
         python,
         "-m",
-        LAUNCHER_MODULE,
+        KEYED_LAUNCHER_MODULE if options.api_key else LAUNCHER_MODULE,
         "--model-path",
         options.model,
         *stackinfo.server_arg_flags(server_args),
@@ -213,6 +208,7 @@ def build_plan(stack: dict, options: ServeOptions, python: str) -> LaunchPlan:
         server_args=server_args,
         env=planned_env(stack, profile, cache_dir),
         cache_dir=cache_dir,
+        key=options.api_key,
     )
 
 
@@ -220,4 +216,4 @@ def child_environment(plan: LaunchPlan, base_env: dict) -> dict:
     """The server's environment: the plan's variables unless the caller set them already."""
     env = dict(plan.env)
     env.update(base_env)
-    return env
+    return plan.key.child_env(env) if plan.key else env

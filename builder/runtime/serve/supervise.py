@@ -95,12 +95,13 @@ def describe_exit(returncode: int) -> str:
 class LogPump(threading.Thread):
     """Reads the server's merged output: echo, append to the log, queue for the supervisor."""
 
-    def __init__(self, fd: int, log_file, echo, lines: queue.Queue):
+    def __init__(self, fd: int, log_file, echo, lines: queue.Queue, redact: Callable[[str], str] | None = None):
         super().__init__(name="server-log", daemon=True)
         self.fd = fd
         self.log_file = log_file
         self.echo = echo
         self.lines = lines
+        self.redact = redact  # hides the API key, which SGLang logs with its ServerArgs
 
     def run(self) -> None:
         pending = b""
@@ -122,6 +123,8 @@ class LogPump(threading.Thread):
         if not raw_lines:
             return
         text = [raw.decode("utf-8", errors="replace") for raw in raw_lines]
+        if self.redact:
+            text = [self.redact(line) for line in text]
         block = "".join(line + "\n" for line in text)
         for stream in (self.echo, self.log_file):
             try:
@@ -144,8 +147,10 @@ class Supervisor:
         out=None,
         err=None,
         clock: Callable[[], float] = time.monotonic,
+        redact: Callable[[str], str] | None = None,
     ):
         self.command = command
+        self.redact = redact
         self.env = env
         self.log_path = log_path
         self.health = health
@@ -222,7 +227,7 @@ class Supervisor:
             start_new_session=True,  # own session and process group: pgid == pid
         )
         self.progress = StartupProgress(self.clock())
-        self._pump = LogPump(self.proc.stdout.fileno(), self._log_file, self.out, self._lines)
+        self._pump = LogPump(self.proc.stdout.fileno(), self._log_file, self.out, self._lines, self.redact)
         self._pump.start()
 
     def _wait_ready(self) -> str:

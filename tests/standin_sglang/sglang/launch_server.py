@@ -161,10 +161,13 @@ def record(args: argparse.Namespace, argv: list[str]) -> None:
     path = os.environ.get("STANDIN_RECORD")
     if not path:
         return
-    keep = ("SGLANG_", "NCCL_", "FLASHINFER_", "TVM_FFI_", "TRITON_", "CUDA_")
+    keep = ("SGLANG_", "NCCL_", "FLASHINFER_", "TVM_FFI_", "TRITON_", "CUDA_", "SERVE_")
     env = {name: value for name, value in os.environ.items() if name.startswith(keep)}
+    with open("/proc/self/cmdline", "rb") as handle:  # what other processes see, not sys.argv
+        cmdline = handle.read().decode().split("\0")[:-1]
     with open(path, "w", encoding="utf-8") as handle:
-        json.dump({"argv": argv, "env": env, "pid": os.getpid(), "pgid": os.getpgrp()}, handle)
+        json.dump({"argv": argv, "cmdline": cmdline, "api_key": args.api_key, "env": env, "pid": os.getpid(),
+                   "pgid": os.getpgrp()}, handle)
 
 
 class State:
@@ -377,7 +380,7 @@ def main(argv: list[str]) -> int:
     record(args, argv)
     log(f"server_args=ServerArgs(model_path={args.model_path!r}, tp_size={args.tp_size}, "
         f"attention_backend={args.attention_backend!r}, host={args.host!r}, port={args.port}, "
-        f"speculative_algorithm={args.speculative_algorithm!r})")  # fmt: skip
+        f"api_key={args.api_key!r}, speculative_algorithm={args.speculative_algorithm!r})")  # fmt: skip
     start_workers(int(env_number("STANDIN_WORKERS", 0)), os.environ.get("STANDIN_IGNORE_TERM") == "1")
     if os.environ.get("STANDIN_ORPHAN") == "1":
         start_orphan()
