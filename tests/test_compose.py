@@ -56,12 +56,14 @@ def test_committed_compose_file_is_valid_and_serves_every_mode(path):
             {"driver": "nvidia", "count": -1, "capabilities": ["gpu"]}]  # -1: compose's "all"
         assert service["ipc"] == "host"
         assert service["ulimits"] == {"memlock": -1, "stack": 67108864}
-        expected_env = {**stack.serve.env, **mode.env, "ENTRYPOINT_STOP_TIMEOUT": str(STOP_TIMEOUT_S)}
+        expected_env = {**stack.serve.env, **mode.env, "ENTRYPOINT_STOP_TIMEOUT": str(STOP_TIMEOUT_S),
+                        "SERVE_API_KEY": ""}  # no key unless the host's environment sets one
         assert service["environment"] == {name: str(value) for name, value in expected_env.items()}
         # The variables' defaults: the README's `docker run -v /models:/models -v /cache:/cache -p 30000:30000`.
         assert [(v["source"], v["target"], v.get("read_only", False)) for v in service["volumes"]] == [
             ("/models", "/models", True), ("/cache", stack.serve.cache_dir, False)]
-        assert [(p["published"], p["target"]) for p in service["ports"]] == [("30000", 30000)]
+        # Published on the host's loopback only, unless SERVE_BIND says otherwise.
+        assert [(p["host_ip"], p["published"], p["target"]) for p in service["ports"]] == [("127.0.0.1", "30000", 30000)]
         assert service["command"][:5] == ["serve", "--mode", mode.name, "--model", "/models/model"]
         assert ("--draft-model" in service["command"]) == mode.requires_draft_model
         # compose reports durations in its own spelling: 1m30s is 90 s
@@ -83,12 +85,14 @@ def test_no_profile_starts_nothing():
 def test_variables_move_the_mounts_the_models_and_the_port():
     path = REPO / "images/sglang-0.5.9-cu130/compose.yaml"
     env = {"SERVE_MODELS_DIR": "/srv/models", "SERVE_CACHE_DIR": "/srv/cache", "SERVE_PORT": "31000",
-           "SERVE_MODEL": "/models/Kimi-K2.5", "SERVE_DRAFT_MODEL": "/models/Kimi-K2.5-eagle3"}
+           "SERVE_MODEL": "/models/Kimi-K2.5", "SERVE_DRAFT_MODEL": "/models/Kimi-K2.5-eagle3",
+           "SERVE_BIND": "0.0.0.0", "SERVE_API_KEY": "k-123"}
     result = compose_config(path, "eagle3", env=env)
     assert result.returncode == 0, result.stderr
     service = json.loads(result.stdout)["services"]["eagle3"]
     assert [v["source"] for v in service["volumes"]] == ["/srv/models", "/srv/cache"]
     assert service["ports"][0]["published"] == "31000" and service["ports"][0]["target"] == 30000
+    assert service["ports"][0]["host_ip"] == "0.0.0.0" and service["environment"]["SERVE_API_KEY"] == "k-123"
     assert service["command"][3:] == ["--model", "/models/Kimi-K2.5", "--draft-model", "/models/Kimi-K2.5-eagle3"]
 
 

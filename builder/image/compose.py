@@ -31,6 +31,11 @@ STOP_MARGIN_S = 30
 # after `retries` misses.
 HEALTH_INTERVAL_S = 30
 HEALTH_RETRIES = 3
+# The port is published on the host's loopback unless SERVE_BIND names another address: SGLang answers
+# anyone who reaches it, and takes an API key only when one is given.
+BIND_ADDRESS = "127.0.0.1"
+# Passed from the host's environment when set there (compose's `KEY: ${KEY:-}`); empty means no key.
+API_KEY_VARIABLE = "SERVE_API_KEY"
 # NVIDIA's settings for its framework containers: NCCL and CUDA pin host memory (memlock), and deep
 # native stacks need room.
 ULIMITS = {"memlock": -1, "stack": 67108864}
@@ -92,6 +97,7 @@ def service(stack: Stack, mode: ServeMode) -> Service:
         command += ["--draft-model", variable("SERVE_DRAFT_MODEL", f"{MODELS_DIR}/draft")]
     environment = {name: literal(str(value)) for name, value in {**stack.serve.env, **mode.env}.items()}
     environment["ENTRYPOINT_STOP_TIMEOUT"] = str(STOP_TIMEOUT_S)
+    environment[API_KEY_VARIABLE] = variable(API_KEY_VARIABLE, "")
     return Service(mode.name, tuple(command), dict(sorted(environment.items())), mode_port(mode))
 
 
@@ -110,6 +116,7 @@ def template_values(stack: Stack) -> dict:
         "healthchecks": {s.name: healthcheck(s.port) for s in services},
         "cache_dir": literal(stack.serve.cache_dir),
         "models_dir": MODELS_DIR,
+        "bind_address": BIND_ADDRESS,
         "ulimits": ULIMITS,
         "stop_grace_s": STOP_TIMEOUT_S + STOP_MARGIN_S,
         "health_interval_s": HEALTH_INTERVAL_S,
