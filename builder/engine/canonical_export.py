@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import gzip
-import hashlib
 import json
 import secrets
 import shutil
@@ -38,10 +37,9 @@ from builder.engine import canonical, stored_layer
 from builder.engine.process import run_quiet
 from builder.errors import BuildFailure
 from builder.files import write_atomic
+from builder.oci.layout import Layout, digest_of
 
 _REF = "canonical"
-_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
-_CONFIG = "application/vnd.oci.image.config.v1+json"
 
 
 @dataclass(frozen=True)
@@ -120,13 +118,12 @@ def _export(buildah: Sequence[str], native: NativeImage, index: CanonicalIndex, 
     partial_images: list[str] = []
     source = _LayerSource(buildah, native, workdir)
     with _scratch_layout(workdir, "canonical") as layout:
-        blobs = _empty_layout(layout)
         for diff_id, _ in layers.values():
-            (blobs / _hex(diff_id)).touch()  # in the storage already
+            layout.add_placeholder(diff_id)  # in the storage already
         try:
             clock = time.monotonic()
             for i in _unknown_layers(native, layers):
-                made, read_from = _rewrite(source, i, blobs, drop[i])
+                made, read_from = _rewrite(source, i, layout, drop[i])
                 _resolve(native, drop, layers, i, (made.diff_id, made.size))
                 rewritten, written = rewritten + 1, written + made.size
                 done = time.monotonic()
@@ -136,7 +133,7 @@ def _export(buildah: Sequence[str], native: NativeImage, index: CanonicalIndex, 
                         native.config, [diff_id for diff_id, _ in below], native.base_history), i + 1)
                     partial_images.append(_import(buildah, layout, config, below, workdir,
                                                   f"layers 1-{i + 1} of the canonical form of {native.image_id}"))
-                    (blobs / _hex(made.diff_id)).write_bytes(b"")  # stored now: a placeholder from here on
+                    layout.add_placeholder(made.diff_id)  # stored now: a placeholder from here on
                 if progress:
                     stored = "" if i == len(native.diff_ids) - 1 else f", imported {time.monotonic() - done:.0f} s"
                     progress(f"canonical layer {i + 1}/{len(native.diff_ids)}: {made.size / 1e9:.2f} GB, rewritten "
@@ -144,7 +141,7 @@ def _export(buildah: Sequence[str], native: NativeImage, index: CanonicalIndex, 
                 clock = time.monotonic()
             whole = [layers[i] for i in range(len(native.diff_ids))]
             config = _config(native, layers)
-            names_before = _names(buildah, _config_id(config))
+            names_before = _names(buildah, digest_of(config))
             image_id = _import(buildah, layout, config, whole, workdir, f"the canonical form of {native.image_id}")
             if progress:
                 progress(f"canonical image {image_id} imported in {time.monotonic() - clock:.0f} s")
@@ -163,13 +160,10 @@ def _export(buildah: Sequence[str], native: NativeImage, index: CanonicalIndex, 
     return Export(image_id, rewritten, written)
 
 
-def _rewrite(source: _LayerSource, i: int, blobs: Path, drop_stubs: bool) -> tuple[canonical.CanonicalLayer, str]:
-    """Layer `i` of the engine's image rewritten into `blobs` under its canonical diff_id, and where it
-    was read from."""
-    partial = blobs / "rewrite.partial"
-    made, read_from = source.rewrite(i, lambda: partial.open("wb"), drop_stubs)
-    partial.replace(blobs / _hex(made.diff_id))
-    return made, read_from
+def _rewrite(source: _LayerSource, i: int, layout: Layout, drop_stubs: bool) -> tuple[canonical.CanonicalLayer, str]:
+    """Layer `i` of the engine's image rewritten into `layout` under its canonical diff_id (the layout's
+    writer names the blob by what it hashed), and where it was read from."""
+    return source.rewrite(i, layout.blob_writer, drop_stubs)
 
 
 def _config(native: NativeImage, layers: dict[int, tuple[str, int]]) -> bytes:
@@ -178,34 +172,21 @@ def _config(native: NativeImage, layers: dict[int, tuple[str, int]]) -> bytes:
                                       native.base_history)
 
 
-def _config_id(config: bytes) -> str:
-    return "sha256:" + hashlib.sha256(config).hexdigest()
-
-
-def _import(buildah: Sequence[str], layout: Path, config: bytes, layers: list[tuple[str, int]], workdir: Path,
+def _import(buildah: Sequence[str], layout: Layout, config: bytes, layers: list[tuple[str, int]], workdir: Path,
             what: str) -> str:
     """`buildah pull` the image of `config` and `layers` from `layout`, whose blobs hold each layer's
     tar or, for one the storage already holds, an empty placeholder; its id."""
-    blobs = layout / "blobs" / "sha256"
-    image_id = _config_id(config)
-    (blobs / _hex(image_id)).write_bytes(config)
-    manifest = json.dumps({
-        "schemaVersion": 2, "mediaType": _MANIFEST,
-        "config": {"mediaType": _CONFIG, "digest": image_id, "size": len(config)},
-        "layers": [{"mediaType": canonical.LAYER_MEDIA_TYPE, "digest": d, "size": s} for d, s in layers],
-    }, sort_keys=True, separators=(",", ":")).encode()
-    manifest_digest = "sha256:" + hashlib.sha256(manifest).hexdigest()
-    (blobs / _hex(manifest_digest)).write_bytes(manifest)
-    _write_layout_files(layout, [{"mediaType": _MANIFEST, "digest": manifest_digest, "size": len(manifest),
-                                  "annotations": {"org.opencontainers.image.ref.name": _REF}}])
+    image_id = digest_of(config)
+    manifest = layout.write_image(
+        config, [{"mediaType": canonical.LAYER_MEDIA_TYPE, "digest": d, "size": s} for d, s in layers], _REF)
     try:
         # Pulled by its path relative to `workdir`: buildah names the image after the path it is given,
         # and a path with upper case or a trailing "_" (pytest's, tempfile's) is not a valid name.
-        pulled = run_quiet([*buildah, "pull", "--quiet", f"oci:{layout.name}:{_REF}"], f"importing {what}",
+        pulled = run_quiet([*buildah, "pull", "--quiet", f"oci:{layout.root.name}:{_REF}"], f"importing {what}",
                            cwd=workdir).strip().splitlines()
     finally:
-        for blob in (image_id, manifest_digest):
-            (blobs / _hex(blob)).unlink(missing_ok=True)
+        for blob in (image_id, manifest.digest):
+            layout.remove_blob(blob)
     got = pulled[-1] if pulled else ""
     if ("sha256:" + got.removeprefix("sha256:")) != image_id:
         raise BuildFailure(f"buildah stored {what} as {got or 'nothing'}, expected {image_id}")
@@ -288,16 +269,15 @@ def _pushed_layer(buildah: Sequence[str], native: NativeImage, workdir: Path, i:
     """Layer `i` of the engine's image as `buildah push` writes it, into a scratch OCI layout in which
     every layer with another diff_id is an empty placeholder buildah reuses, so it writes this one only."""
     with _scratch_layout(workdir, "native") as layout:
-        blobs = _empty_layout(layout)
         for diff_id in set(native.diff_ids) - {native.diff_ids[i]}:
-            (blobs / _hex(diff_id)).touch()
+            layout.add_placeholder(diff_id)
         run_quiet([*buildah, "push", "--quiet", "--compression-format", "gzip", "--compression-level", "0",
-                   native.image_id, f"oci:{layout}:{_REF}"], f"exporting layer {i + 1} of {native.image_id}")
-        pushed = _read_manifest(layout)["layers"]
+                   native.image_id, f"oci:{layout.root}:{_REF}"], f"exporting layer {i + 1} of {native.image_id}")
+        pushed = layout.manifest(_REF)["layers"]
         if len(pushed) != len(native.diff_ids):
             raise BuildFailure(f"buildah wrote {len(pushed)} layers of {native.image_id}, its config lists "
                                f"{len(native.diff_ids)}")
-        source = blobs / _hex(pushed[i]["digest"])
+        source = layout.blob_path(pushed[i]["digest"])
         if not source.is_file() or source.stat().st_size == 0:
             raise BuildFailure(f"buildah did not write layer {i + 1} ({native.diff_ids[i]}) of {native.image_id}")
         with _open_pushed(source, pushed[i]) as stream:
@@ -313,14 +293,6 @@ def _resolve(native: NativeImage, drop: list[bool], layers: dict[int, tuple[str,
             layers.setdefault(j, made)
 
 
-def _empty_layout(layout: Path) -> Path:
-    """`layout` as an OCI layout with no image in it; its blob directory."""
-    blobs = layout / "blobs" / "sha256"
-    blobs.mkdir(parents=True, exist_ok=True)
-    _write_layout_files(layout, [])
-    return blobs
-
-
 def _open_pushed(source: Path, descriptor: dict):
     """A pushed layer blob as its uncompressed tar stream (buildah frames it as gzip level 0)."""
     opener = gzip.open if descriptor.get("mediaType", "").endswith("gzip") else open
@@ -328,16 +300,16 @@ def _open_pushed(source: Path, descriptor: dict):
 
 
 @contextlib.contextmanager
-def _scratch_layout(workdir: Path, kind: str) -> Iterator[Path]:
-    """A fresh, private OCI layout directory under `workdir`, removed afterwards. Its name is always a
+def _scratch_layout(workdir: Path, kind: str) -> Iterator[Layout]:
+    """A fresh, private, empty OCI layout under `workdir`, removed afterwards. Its name is always a
     valid image name (lower-case hex), unlike tempfile's."""
     workdir.mkdir(parents=True, exist_ok=True)
-    layout = workdir / f"builder-{kind}-{secrets.token_hex(8)}"
-    layout.mkdir(mode=0o700)
+    root = workdir / f"builder-{kind}-{secrets.token_hex(8)}"
+    root.mkdir(mode=0o700)
     try:
-        yield layout
+        yield Layout.create(root)
     finally:
-        shutil.rmtree(layout, ignore_errors=True)
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def _qualified(name: str) -> str:
@@ -355,18 +327,3 @@ def _names(buildah: Sequence[str], image_id: str) -> set[str]:
         return set()
     return {name for image in json.loads(result.stdout or "[]") for name in image.get("names") or ()}
 
-
-def _read_manifest(layout: Path) -> dict:
-    index = json.loads((layout / "index.json").read_text())
-    (entry,) = [m for m in index["manifests"] if m.get("annotations", {}).get("org.opencontainers.image.ref.name")
-                == _REF]
-    return json.loads((layout / "blobs" / "sha256" / _hex(entry["digest"])).read_bytes())
-
-
-def _write_layout_files(layout: Path, manifests: list[dict]) -> None:
-    (layout / "oci-layout").write_text('{"imageLayoutVersion": "1.0.0"}')
-    (layout / "index.json").write_text(json.dumps({"schemaVersion": 2, "manifests": manifests}))
-
-
-def _hex(digest: str) -> str:
-    return digest.removeprefix("sha256:")

@@ -31,6 +31,7 @@ import docker.errors
 
 from builder.engine.process import run_quiet
 from builder.errors import BuildFailure
+from builder.oci.layout import Layout, hex_of
 
 OCI_REF = "delivery"
 
@@ -78,18 +79,15 @@ def deliver_new_layers(buildah: list[str], image_id: str, diff_ids: Sequence[str
     """Push `image_id` to an OCI layout pre-seeded with placeholders for `skip`, then hand the daemon
     a docker-archive of the config and the layers it lacks through `load` (a binary stream)."""
     with tempfile.TemporaryDirectory(prefix="builder-delivery-", dir=workdir) as scratch:
-        layout = Path(scratch)
-        blobs = layout / "blobs" / "sha256"
-        blobs.mkdir(parents=True)
-        (layout / "oci-layout").write_text('{"imageLayoutVersion": "1.0.0"}')
-        (layout / "index.json").write_text('{"schemaVersion": 2, "manifests": []}')
+        layout = Layout.create(Path(scratch))
+        blobs = layout.blobs
         for diff_id in skip:
-            (blobs / diff_id.removeprefix("sha256:")).touch()
+            layout.add_placeholder(diff_id)
         run_quiet(buildah + ["push", "--quiet", "--compression-format", "gzip", "--compression-level", "0",
-                             image_id, f"oci:{layout}:{OCI_REF}"], f"writing the new layers of {tag}")
-        manifest = _manifest(layout)
-        config = _hex(manifest["config"]["digest"])
-        layer_files = [_hex(layer["digest"]) for layer in manifest["layers"]]
+                             image_id, f"oci:{layout.root}:{OCI_REF}"], f"writing the new layers of {tag}")
+        manifest = layout.manifest()
+        config = hex_of(manifest["config"]["digest"])
+        layer_files = [hex_of(layer["digest"]) for layer in manifest["layers"]]
         if len(layer_files) != len(diff_ids):
             raise BuildFailure(f"{tag}: buildah wrote {len(layer_files)} layers, the image has {len(diff_ids)}")
         moved = [name for name in layer_files if (blobs / name).stat().st_size > 0]
@@ -104,16 +102,6 @@ def deliver_new_layers(buildah: list[str], image_id: str, diff_ids: Sequence[str
         finally:
             writer.join()
         return Delivery(len(diff_ids), len(moved), sum((blobs / name).stat().st_size for name in moved))
-
-
-def _manifest(layout: Path) -> dict:
-    index = json.loads((layout / "index.json").read_text())
-    (entry,) = index["manifests"]
-    return json.loads((layout / "blobs" / "sha256" / _hex(entry["digest"])).read_bytes())
-
-
-def _hex(digest: str) -> str:
-    return digest.removeprefix("sha256:")
 
 
 def _write_archive(sink, blobs: Path, config: str, layer_files: list[str], moved: list[str], tag: str) -> None:

@@ -24,6 +24,7 @@ from typing import IO
 
 from builder.errors import BuildFailure, UserError
 from builder.files import sha256_file
+from builder.oci.layout import Layout, LayoutError
 
 _CHUNK = 1 << 20
 _MAX_FILES_LISTED = 50
@@ -108,21 +109,19 @@ def read_image(path: Path) -> ImageArchive:
 
 
 def _read_oci_layout(path: Path) -> ImageArchive:
-    index_file = path / "index.json"
-    if not index_file.is_file():
-        raise UserError(f"{path}: not an OCI image layout (no index.json)")
-    manifests = json.loads(index_file.read_text()).get("manifests", [])
-    if len(manifests) != 1:
-        raise UserError(f"{path}: holds {len(manifests)} images; compare one at a time")
-    manifest = json.loads(_blob(path, manifests[0]["digest"]).read_bytes())
-    config_bytes = _blob(path, manifest["config"]["digest"]).read_bytes()
-    members = [str(_blob(path, layer["digest"]).relative_to(path)) for layer in manifest["layers"]]
+    """The layout's one image; its manifest and config are checked against their digests (layers are
+    read, and so hashed, when they are compared)."""
+    layout = Layout(path)
+    try:
+        manifests = layout.index().get("manifests", [])
+        if len(manifests) != 1:
+            raise UserError(f"{path}: holds {len(manifests)} images; compare one at a time")
+        manifest = layout.manifest()
+        config_bytes = layout.read_blob(manifest["config"]["digest"])
+        members = [str(layout.blob_path(layer["digest"]).relative_to(path)) for layer in manifest["layers"]]
+    except LayoutError as error:
+        raise UserError(str(error)) from None
     return _image(path, config_bytes, members)
-
-
-def _blob(layout: Path, digest: str) -> Path:
-    algorithm, _, hexdigest = digest.partition(":")
-    return layout / "blobs" / algorithm / hexdigest
 
 
 def _image(path: Path, config_bytes: bytes, members: list[str]) -> ImageArchive:

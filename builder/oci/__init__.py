@@ -1,0 +1,1 @@
+"""OCI image layouts and the layers the builder writes into them (issue 31: one write per byte)."""

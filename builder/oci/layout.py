@@ -1,0 +1,246 @@
+"""A content-addressed OCI image layout (oci-layout, index.json, blobs/sha256/<hex>): the one module
+that reads and writes them.
+
+A blob is written under a temporary name in its own directory while it is hashed, checked against the
+digest it should have (when the caller knows it), fsynced and only then renamed to its digest: a
+killed or failed write leaves at most a temporary file, never a blob whose name lies about its bytes.
+Manifests, configs and the index are JSON with sorted keys and no spaces, so equal content gives equal
+digests.
+
+Placeholders (empty files under a digest's name) are the one exception, and only in scratch layouts
+handed to buildah: its `oci:` transport reuses a blob whose file exists without opening it
+(delivery.py, canonical_export.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import secrets
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from builder.errors import BuildFailure
+from builder.files import TEMP_SUFFIX, write_atomic
+
+MANIFEST_MEDIA_TYPE = "application/vnd.oci.image.manifest.v1+json"
+CONFIG_MEDIA_TYPE = "application/vnd.oci.image.config.v1+json"
+REF_ANNOTATION = "org.opencontainers.image.ref.name"
+_LAYOUT_FILE = '{"imageLayoutVersion":"1.0.0"}'
+_CHUNK = 1 << 20
+
+
+def hex_of(digest: str) -> str:
+    """The hex part of a sha256 digest ("sha256:ab…" -> "ab…")."""
+    return digest.removeprefix("sha256:")
+
+
+def digest_of(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def deterministic_json(value: object) -> bytes:
+    """Sorted keys, no spaces, UTF-8: the bytes a manifest, config or index is stored and hashed as."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+class LayoutError(BuildFailure):
+    """A layout that is not what it should be: missing, unreadable, or a blob that fails its digest."""
+
+
+@dataclass(frozen=True)
+class Descriptor:
+    digest: str
+    size: int
+
+    def as_json(self, media_type: str, annotations: dict[str, str] | None = None) -> dict:
+        entry: dict = {"mediaType": media_type, "digest": self.digest, "size": self.size}
+        if annotations:
+            entry["annotations"] = dict(annotations)
+        return entry
+
+
+class BlobWriter:
+    """A write-only stream into a temporary file beside the blobs, hashed as it goes (`Layout.blob_writer`)."""
+
+    def __init__(self, handle: IO[bytes]) -> None:
+        self._handle, self._digest, self.size = handle, hashlib.sha256(), 0
+
+    def write(self, data: bytes) -> int:
+        self._digest.update(data)
+        self.size += len(data)
+        return self._handle.write(data)
+
+    def tell(self) -> int:
+        return self.size
+
+    @property
+    def digest(self) -> str:
+        return "sha256:" + self._digest.hexdigest()
+
+
+class _VerifyingReader:
+    """A blob read front to back; at its end, its bytes must hash to the blob's name."""
+
+    def __init__(self, handle: IO[bytes], digest: str) -> None:
+        self._handle, self._expected, self._digest = handle, digest, hashlib.sha256()
+
+    def read(self, size: int = -1) -> bytes:
+        data = self._handle.read(size)
+        self._digest.update(data)
+        if not data and size != 0 and "sha256:" + self._digest.hexdigest() != self._expected:
+            raise LayoutError(f"blob {self._expected} reads as sha256:{self._digest.hexdigest()}")
+        return data
+
+
+class Layout:
+    """An OCI image layout at `root`. `create` makes one (or reuses it); plain construction reads one."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+        self.blobs = self.root / "blobs" / "sha256"
+
+    @classmethod
+    def create(cls, root: Path) -> "Layout":
+        """`root` as a layout: the directory, oci-layout and an empty index.json, where missing."""
+        layout = cls(root)
+        layout.blobs.mkdir(parents=True, exist_ok=True)
+        if not (layout.root / "oci-layout").is_file():
+            write_atomic(layout.root / "oci-layout", _LAYOUT_FILE)
+        if not (layout.root / "index.json").is_file():
+            layout.write_index([])
+        return layout
+
+    # -- blobs ----------------------------------------------------------------------------------
+
+    def blob_path(self, digest: str) -> Path:
+        algorithm, _, hexdigest = digest.partition(":")
+        if algorithm != "sha256" or len(hexdigest) != 64 or not all(c in "0123456789abcdef" for c in hexdigest):
+            raise LayoutError(f"{self.root}: not a sha256 digest: {digest!r}")
+        return self.blobs / hexdigest
+
+    def has_blob(self, digest: str) -> bool:
+        return self.blob_path(digest).is_file()
+
+    @contextlib.contextmanager
+    def blob_writer(self, expected: str | None = None) -> Iterator[BlobWriter]:
+        """Write a blob through the yielded stream. On leaving the block it is fsynced and renamed to its
+        digest, after checking it is `expected` where given; on an error inside the block, or a digest
+        that does not match, the temporary file goes and no blob is made. The blob's digest and size
+        are on the writer afterwards (`writer.digest`, `writer.size`)."""
+        if expected is not None:
+            self.blob_path(expected)  # a malformed digest fails before anything is written
+        self.blobs.mkdir(parents=True, exist_ok=True)
+        temporary = self.blobs / f".{secrets.token_hex(8)}{TEMP_SUFFIX}"
+        try:
+            with temporary.open("xb") as handle:
+                writer = BlobWriter(handle)
+                yield writer
+                handle.flush()
+                os.fsync(handle.fileno())
+            if expected is not None and writer.digest != expected:
+                raise LayoutError(f"a blob written as {expected} hashes to {writer.digest}; not stored")
+            os.replace(temporary, self.blob_path(writer.digest))
+        except BaseException:
+            temporary.unlink(missing_ok=True)
+            raise
+        _fsync_directory(self.blobs)
+
+    def write_blob(self, data: bytes, expected: str | None = None) -> Descriptor:
+        with self.blob_writer(expected) as writer:
+            writer.write(data)
+        return Descriptor(writer.digest, writer.size)
+
+    def write_blob_from(self, source: IO[bytes], expected: str | None = None) -> Descriptor:
+        """Stream `source` (read to its end) into a blob."""
+        with self.blob_writer(expected) as writer:
+            while chunk := source.read(_CHUNK):
+                writer.write(chunk)
+        return Descriptor(writer.digest, writer.size)
+
+    def open_blob(self, digest: str, verify: bool = False) -> IO[bytes]:
+        """The blob's bytes as a stream; with `verify`, reading to the end raises when they do not hash to
+        `digest` (a stream that is not read to its end is not checked)."""
+        path = self.blob_path(digest)
+        try:
+            handle = path.open("rb")
+        except FileNotFoundError:
+            raise LayoutError(f"{self.root}: no blob {digest}") from None
+        return _VerifyingReader(handle, digest) if verify else handle  # type: ignore[return-value]
+
+    def read_blob(self, digest: str, verify: bool = True) -> bytes:
+        path = self.blob_path(digest)
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            raise LayoutError(f"{self.root}: no blob {digest}") from None
+        if verify and digest_of(data) != digest:
+            raise LayoutError(f"{self.root}: blob {digest} reads as {digest_of(data)}")
+        return data
+
+    def read_json(self, digest: str, verify: bool = True) -> dict:
+        try:
+            return json.loads(self.read_blob(digest, verify))
+        except ValueError as error:
+            raise LayoutError(f"{self.root}: blob {digest} is not JSON: {error}") from None
+
+    def write_json(self, value: object) -> Descriptor:
+        return self.write_blob(deterministic_json(value))
+
+    def add_placeholder(self, digest: str) -> None:
+        """An empty file under `digest`'s name: for scratch layouts handed to buildah only (see above)."""
+        self.blobs.mkdir(parents=True, exist_ok=True)
+        self.blob_path(digest).write_bytes(b"")
+
+    def remove_blob(self, digest: str) -> None:
+        self.blob_path(digest).unlink(missing_ok=True)
+
+    # -- index and manifests --------------------------------------------------------------------
+
+    def index(self) -> dict:
+        try:
+            return json.loads((self.root / "index.json").read_text())
+        except FileNotFoundError:
+            raise LayoutError(f"{self.root}: not an OCI image layout (no index.json)") from None
+        except ValueError as error:
+            raise LayoutError(f"{self.root}: index.json is not JSON: {error}") from None
+
+    def write_index(self, manifests: list[dict]) -> None:
+        write_atomic(self.root / "index.json",
+                     deterministic_json({"schemaVersion": 2, "manifests": manifests}).decode())
+
+    def manifest_descriptor(self, ref: str | None = None) -> dict:
+        """The index's one manifest entry, or the one whose ref annotation is `ref`."""
+        entries = self.index().get("manifests") or []
+        if ref is not None:
+            entries = [m for m in entries if (m.get("annotations") or {}).get(REF_ANNOTATION) == ref]
+        if len(entries) != 1:
+            named = f" named {ref}" if ref is not None else ""
+            raise LayoutError(f"{self.root}: holds {len(entries)} images{named}, not one")
+        return entries[0]
+
+    def manifest(self, ref: str | None = None, verify: bool = True) -> dict:
+        return self.read_json(self.manifest_descriptor(ref)["digest"], verify)
+
+    def write_image(self, config: bytes, layers: list[dict], ref: str | None = None) -> Descriptor:
+        """Store `config` and a manifest naming it and `layers` (descriptors of blobs already here, or
+        placeholders); make the index list that manifest alone, under `ref` where given. The manifest's
+        descriptor."""
+        config_blob = self.write_blob(config)
+        manifest = self.write_json({"schemaVersion": 2, "mediaType": MANIFEST_MEDIA_TYPE,
+                                    "config": config_blob.as_json(CONFIG_MEDIA_TYPE), "layers": layers})
+        annotations = {REF_ANNOTATION: ref} if ref is not None else None
+        self.write_index([manifest.as_json(MANIFEST_MEDIA_TYPE, annotations)])
+        return manifest
+
+
+def _fsync_directory(directory: Path) -> None:
+    handle = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(handle)
+    finally:
+        os.close(handle)
