@@ -4,7 +4,8 @@ Each package a lock entry's system packages name is downloaded once from the arc
 records (its mirror, and when the mirror no longer serves that version, the snapshot archive's copy
 of the state the lock was made from), checked against the lock's size and sha256, and stored as
 <cache>/locked-debs/sha256/<hex>/<file name>. A file is renamed into place only after its hash
-matched, so a file present in the cache is a checked file. A build gets a flat directory of hard
+matched; before each use it is hashed again (or its record says it was, image/content_check.py), and
+one that no longer matches is removed and fetched again. A build gets a flat directory of hard
 links to exactly those files: `builder base` makes its local repository from it, and a registry
 row's install step mounts it read-only.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import tempfile
 import urllib.error
 import urllib.request
@@ -22,8 +24,11 @@ from pathlib import Path
 from builder import paths
 from builder.errors import BuildFailure, UserError
 from builder.files import link_or_copy
+from builder.image import content_check
 from builder.lock.system_packages import DebPackage, SystemPackages
 
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+_PLAIN_DEB = re.compile(r"[a-z0-9][a-z0-9+.-]+_[A-Za-z0-9.+~-]+_[a-z0-9-]+\.deb")
 _TIMEOUT_S = 60
 _CHUNK = 1 << 20
 
@@ -45,10 +50,15 @@ class DebCache:
         self.root = Path(root) if root is not None else default_root()
 
     def path(self, package: DebPackage) -> Path:
+        """Where the .deb lives; the lock's values are checked when it is read, and again here."""
+        if not _HEX64.fullmatch(package.sha256) or not _PLAIN_DEB.fullmatch(package.basename):
+            raise UserError(f"{package.pin}: the lock's sha256 or .deb file name cannot name a cache file")
         return self.root / "sha256" / package.sha256 / package.basename
 
     def missing(self, locked: SystemPackages) -> list[DebPackage]:
-        return [package for package in locked.packages if not self.path(package).is_file()]
+        """The .debs not here as their sha256 says: absent, or present with other content (removed)."""
+        return [package for package in locked.packages
+                if not content_check.holds(self.path(package), package.sha256, package.size)]
 
     def require(self, locked: SystemPackages, what: str) -> None:
         """--offline: every .deb must already be here; one line naming what is not."""
@@ -96,6 +106,7 @@ class DebCache:
             target = self.path(package)
             target.parent.mkdir(parents=True, exist_ok=True)
             os.replace(partial, target)
+            content_check.record_checked(target, package.sha256)
             return position
         raise BuildFailure(f"{what}: {package.pin} could not be fetched: {'; '.join(failures)}")
 
@@ -103,6 +114,9 @@ class DebCache:
         """A flat directory with exactly these .debs: hard links, a copy only across filesystems."""
         directory.mkdir(parents=True, exist_ok=True)
         for package in locked.packages:
+            if not content_check.holds(self.path(package), package.sha256, package.size):
+                raise BuildFailure(f"{package.pin}: the cached .deb is not the locked file; run the build again to "
+                                   "fetch it")
             link_or_copy(self.path(package), directory / package.basename)
 
 

@@ -3,7 +3,8 @@
 Each wheel a lock entry names (file name + sha256) is downloaded once, by pip (which knows its own
 default index and honours the entry's extra indexes and direct URLs), checked against the lock's
 sha256, and stored as <root>/sha256/<hex>/<file name>. A file is renamed into place only after its
-hash matched, so a file present in the cache is a checked file. A build gets a flat directory of
+hash matched; before each use it is hashed again (or its record says it was, image/content_check.py),
+and one that no longer matches is removed and fetched again. A build gets a flat directory of
 hard links to exactly its entry's wheels, bind-mounted read-only into the install steps, where pip
 checks every hash again (--require-hashes) before installing.
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -27,9 +29,11 @@ from builder import paths
 from builder.engine import host_network
 from builder.errors import BuildFailure, UserError
 from builder.files import link_or_copy, sha256_file
+from builder.image import content_check
 from builder.lock.model import DEFAULT_INDEX, Resolution
 
-
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+_PLAIN_WHEEL = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+!-]*\.whl")
 
 @dataclass(frozen=True)
 class LockedWheel:
@@ -72,10 +76,15 @@ class WheelCache:
         self.root = Path(root) if root is not None else default_root()
 
     def path(self, wheel: LockedWheel) -> Path:
+        """Where the wheel lives; the lock's values are checked when it is read, and again here, since
+        they become a path."""
+        if not _HEX64.fullmatch(wheel.sha256) or not _PLAIN_WHEEL.fullmatch(wheel.filename):
+            raise UserError(f"{wheel.pin}: the lock's sha256 or wheel file name cannot name a cache file")
         return self.root / "sha256" / wheel.sha256 / wheel.filename
 
     def missing(self, wheels: tuple[LockedWheel, ...]) -> list[LockedWheel]:
-        return [wheel for wheel in wheels if not self.path(wheel).is_file()]
+        """The wheels not here as their sha256 says: absent, or present with other content (removed)."""
+        return [wheel for wheel in wheels if not content_check.holds(self.path(wheel), wheel.sha256)]
 
     def require(self, wheels: tuple[LockedWheel, ...], what: str) -> None:
         """--offline: every wheel must already be here; one line naming what is not."""
@@ -124,6 +133,7 @@ class WheelCache:
             target = self.path(wheel)
             target.parent.mkdir(parents=True, exist_ok=True)
             os.replace(downloaded, target)
+            content_check.record_checked(target, wheel.sha256)
             stored.add(wheel)
         return stored
 
@@ -132,6 +142,9 @@ class WheelCache:
         links, so no gigabytes are copied; a copy only where the cache is on another filesystem."""
         directory.mkdir(parents=True, exist_ok=True)
         for wheel in wheels:
+            if not content_check.holds(self.path(wheel), wheel.sha256):
+                raise BuildFailure(f"{wheel.pin}: the cached wheel is not the locked file; run the build again to "
+                                   "fetch it")
             link_or_copy(self.path(wheel), directory / wheel.filename)
 
 

@@ -6,7 +6,7 @@ lock is read: a hand-edited or hostile matrix.lock is refused before any of it i
   name_version_arch.deb under a relative pool path with no '..';
 - sources are https URLs (plain http only to loopback; an apt archive, signed, as apt's defaults
   are) with no user or password;
-- report paths are relative and stay inside the project;
+- build record paths have plain parts and no '..';
 - the stored distributions_hash is the one its distributions give.
 
 `problems(name, raw, entry)` returns one short phrase per bad value; the store joins them into the
@@ -72,6 +72,17 @@ def _relative_file(value, what: str, part: re.Pattern) -> list[str]:
     return []
 
 
+def _record_path(value, what: str) -> list[str]:
+    """A build record's path: relative to the project, or absolute where it was written outside it
+    (paths.project_relative), or "" for none; plain parts either way, never '..'."""
+    if value == "":
+        return []  # none written
+    parts = PurePosixPath(value).parts if isinstance(value, str) else ()
+    if not parts or not all(_RECORD_PART.fullmatch(p) for p in parts if p != "/") or ".." in parts:
+        return [f"{what} is not a plain path with no '..'"]
+    return []
+
+
 def _distributions(resolution) -> list[str]:
     problems = []
     for d in resolution.distributions:
@@ -130,7 +141,7 @@ def _outcome(outcome) -> list[str]:
         problems += _digest(image.base.image_id, "image.base.image_id")
         for key in ("report", "provenance", "sbom"):
             if getattr(image, key) is not None:
-                problems += _relative_file(getattr(image, key), f"image.{key}", _RECORD_PART)
+                problems += _record_path(getattr(image, key), f"image.{key}")
         if not all(isinstance(tag, str) and _TAG.fullmatch(tag) for tag in image.tags) \
                 or not _TAG.fullmatch(image.immutable_tag):
             problems.append("image.tags are not image tags")
