@@ -104,6 +104,13 @@ def _entry_name(member: tarfile.TarInfo) -> str:
     return member.name.removeprefix("./").rstrip("/")
 
 
+def written_order(name: str) -> tuple[str, ...]:
+    """The order of the entries in a layer the builder writes itself (builder/oci/): by path, one
+    component at a time, so a directory comes right before what it holds. (A layer rewritten from the
+    engine keeps the engine's order, above.)"""
+    return tuple(name.split("/"))
+
+
 def canonical_entry(member: tarfile.TarInfo) -> tarfile.TarInfo:
     entry = tarfile.TarInfo(member.name)
     entry.type = member.type

@@ -96,6 +96,15 @@ class _VerifyingReader:
             raise LayoutError(f"blob {self._expected} reads as sha256:{self._digest.hexdigest()}")
         return data
 
+    def close(self) -> None:
+        self._handle.close()
+
+    def __enter__(self) -> "_VerifyingReader":
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
 
 class Layout:
     """An OCI image layout at `root`. `create` makes one (or reuses it); plain construction reads one."""
