@@ -65,6 +65,13 @@ def read_series(path: Path) -> list[str]:
     return names
 
 
+def _require_inside(path: Path, root: Path) -> None:
+    """A patch is copied into the image: it must resolve inside the patches directory, so a symlink
+    cannot bring a file from elsewhere on the host."""
+    if path.is_symlink() or not path.resolve().is_relative_to(root.resolve()):
+        raise UserError(f"{path}: a patch must be a regular file inside {root} (symlinks are refused)")
+
+
 def series_for(distribution: str, version: str, root: Path) -> list[Patch]:
     """The patches of one distribution version, in series order."""
     distribution, version = _canonical(distribution, version)
@@ -72,6 +79,7 @@ def series_for(distribution: str, version: str, root: Path) -> list[Patch]:
     series = directory / "series"
     if not series.is_file():
         raise UserError(f"no patch series for {distribution} {version} ({series} does not exist)")
+    _require_inside(series, root)
     names = read_series(series)
     if not names:
         raise UserError(f"{series}: lists no patches")
@@ -83,6 +91,7 @@ def series_for(distribution: str, version: str, root: Path) -> list[Patch]:
         path = directory / name
         if not path.is_file():
             raise UserError(f"{series}: lists {name}, which does not exist")
+        _require_inside(path, root)
         data = path.read_bytes()
         try:
             files = tuple(d.path for d in apply_patch.read_patch(str(path)))

@@ -74,9 +74,11 @@ def unlocked_requirements(stack: Stack) -> dict[str, str]:
         lines = [f"# UNLOCKED: run `builder lock --stack {stack.name}` where its indexes are reachable.",
                  "# pip's --require-hashes refuses this file, so an unlocked stack cannot be built."]
         for package in stack.packages_in_group(group):
+            # A requirement line has no quoting: only plain words (the matrix's grammar checked them).
             if package.index:
-                lines.append(f"--extra-index-url {package.index}")
-            lines.append(package.requirement)
+                lines.append(f"--extra-index-url {escape.bare(package.index)}")
+            lines.append(f"{escape.bare(package.name)} @ {escape.bare(package.url)}" if package.url
+                         else f"{escape.bare(package.name)}=={escape.bare(package.version)}")
         texts[group] = "\n".join(lines) + "\n"
     return texts
 

@@ -11,6 +11,7 @@ from typing import Callable
 
 from builder.config.stack import GROUP_ORDER, Stack
 from builder.errors import UserError
+from builder.escape import bare
 from builder.lock import store
 from builder.lock.model import Bench, LockedBase, LockedOverride, LockEntry, Outcome, Resolution
 from builder.lock.resolve import WheelResolution, resolve
@@ -167,7 +168,9 @@ def requirements(resolution: Resolution) -> dict[str, str]:
                  "# The lock holds the whole closure: install with --no-index --require-hashes --no-deps."]
         for item in resolution.distributions:
             if item.group == group:
-                lines.append(f"{item.name}=={item.version} \\\n    --hash=sha256:{item.sha256}")
+                # Each word checked again where it lands (the lock's reader checked them): a requirement
+                # line has no quoting, so nothing but a plain word may start another option there.
+                lines.append(f"{bare(item.name)}=={bare(item.version)} \\\n    --hash=sha256:{bare(item.sha256)}")
         texts[group] = "\n".join(lines) + "\n"
     return texts
 
