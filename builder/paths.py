@@ -16,6 +16,11 @@ from pathlib import Path
 VENV = "/opt/venv"
 VENV_PYTHON = f"{VENV}/bin/python"
 TOOLS_DIR = "/opt/builder"  # stack.json, patches, requirements and the in-image tools (runtime/)
+# The fixed non-root account the image runs as (builder/runtime/add_user.sh). uid 1000 is taken in the
+# CUDA bases (Ubuntu 24.04's own `ubuntu` account), so the next one, the same on every base.
+RUNTIME_USER = "sglang"
+RUNTIME_UID = 1001  # and gid
+RUNTIME_HOME = "/home/sglang"
 
 IMAGES = "images"  # images/<stack>/: the rendered files of each stack row, in the project
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -139,7 +140,8 @@ def test_cache_dir_must_be_writable(tmp_path):
     assert (tmp_path / "cache" / "deep").is_dir()
     blocker = tmp_path / "file"
     blocker.write_text("")
-    with pytest.raises(PreflightError, match=f"cache directory {blocker}/cache is not writable"):
+    with pytest.raises(PreflightError, match=f"cache directory {blocker}/cache is not writable by uid {os.getuid()}: "
+                       rf".* \(on the host: chown {os.getuid()}:{os.getgid()} the mounted directory, or run with --user\)"):
         preflight.prepare_cache_dir(str(blocker / "cache"))
 
 

@@ -163,7 +163,12 @@ def prepare_cache_dir(cache_dir: str) -> list[str]:
             pass
         os.unlink(probe)
     except OSError as error:
-        raise PreflightError(f"cache directory {cache_dir} is not writable: {error.strerror}") from None
+        # The image runs as a fixed non-root uid: a host directory mounted here must be writable by it.
+        uid, gid = os.getuid(), os.getgid()
+        raise PreflightError(
+            f"cache directory {cache_dir} is not writable by uid {uid}: {error.strerror} "
+            f"(on the host: chown {uid}:{gid} the mounted directory, or run with --user)"
+        ) from None
     if not _on_own_mount(cache_dir):
         return [
             f"{cache_dir} is not a mounted volume: JIT caches will be rebuilt on every container "
