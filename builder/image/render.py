@@ -26,8 +26,8 @@ from builder.image import compose, patch_series
 from builder.lock import deb_listing
 from builder.lock.model import Resolution
 from builder.lock.resolution import base_pin, recorded_resolutions, requirements
-from builder.paths import (DEBS_CONTEXT_DIR, DEBS_MOUNT, TOOLS_DIR, VENV, WHEELS_CONTEXT_DIR, WHEELS_MOUNT, Project,
-                           stack_dir)
+from builder.paths import (DEBS_CONTEXT_DIR, DEBS_MOUNT, RUNTIME_HOME, RUNTIME_UID, RUNTIME_USER, TOOLS_DIR, VENV,
+                           WHEELS_CONTEXT_DIR, WHEELS_MOUNT, Project, stack_dir)
 
 LABEL_PREFIX = "dev.sglang-builder"
 GROUP_FILES = {"torch": "10-torch.txt", "kernels": "20-kernels.txt", "sglang": "30-sglang.txt"}
@@ -190,6 +190,7 @@ def render_stack(stack: Stack, project: Project, resolution_of: ResolutionSource
         wheels={"context": WHEELS_CONTEXT_DIR, "mount": WHEELS_MOUNT},
         debs={"context": DEBS_CONTEXT_DIR, "mount": DEBS_MOUNT, "file": deb_listing.DEBS_FILE},
         tools=TOOLS_DIR,
+        user={"name": RUNTIME_USER, "id": RUNTIME_UID, "home": RUNTIME_HOME},
         site_packages=site_packages(stack),
         groups=[{"name": g, "file": GROUP_FILES[g], "title": GROUP_TITLES[g]} for g in GROUP_ORDER],
         patches=patches,
