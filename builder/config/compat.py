@@ -249,14 +249,47 @@ def switches_have_reasons(stack: Stack) -> list[Problem]:
     return problems
 
 
+def compiler_matches_runtime(stack: Stack) -> list[Problem]:
+    """A pinned CUDA compiler wheel is the CUDA runtime's major.minor (compat_data.toml [nvcc_runtime_minor])."""
+    rule = compat_data()["nvcc_runtime_minor"]
+    runtime = package_cuda(stack, "torch") if stack.package("torch") else None
+    problems = []
+    for name in rule["packages"]:
+        package = stack.package(name)
+        if not package or runtime is None:
+            continue
+        if _major_minor(package.parsed_version.public) != _major_minor(runtime):
+            problems.append((("packages", name, "version"),
+                             f"{name} {package.version} is not the CUDA runtime's release {runtime} (torch's): "
+                             f"PTX from a newer compiler needs a newer driver ({rule['source']})"))
+    return problems
+
+
+def serve_features_present(stack: Stack) -> list[Problem]:
+    """A serve mode turning on a feature through the environment needs an sglang that has it
+    (compat_data.toml [serve_features])."""
+    sglang = stack.package("sglang")
+    version = sglang.parsed_version.public if sglang else None
+    problems = []
+    for feature, fact in compat_data().get("serve_features", {}).items():
+        for mode in stack.serve.modes:
+            if fact["env"] in mode.env and version not in fact["sglang"]:
+                problems.append((("serve", "modes", mode.name, "env", fact["env"]),
+                                 f"serve mode {mode.name} sets {fact['env']}, but sglang {version} has no "
+                                 f"{feature} ({fact['module']}); it is in sglang {', '.join(fact['sglang'])}"))
+    return problems
+
+
 def check_stack(stack: Stack, patches_root: Path) -> list[Problem]:
     return [
         *switches_have_reasons(stack),
+        *serve_features_present(stack),
         *target_arch_valid(stack),
         *minimum_driver_known(stack),
         *base_matches_cuda(stack),
         *torch_matches_cuda(stack),
         *kernels_match_cuda(stack),
+        *compiler_matches_runtime(stack),
         *flashinfer_versions_match(stack),
         *python_supported(stack),
         *patch_series_match(stack, patches_root),
