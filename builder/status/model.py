@@ -194,7 +194,7 @@ def _row(stack: Stack, entry: LockEntry | None, matrix: Matrix, lock_path: Path,
     if outcome and outcome.rejected_candidate:
         candidate = outcome.rejected_candidate
         rejected = _smoke(candidate, _smoke_results(candidate, lock_path.parent))
-    base = entry.resolution.base if entry else None
+    base = image.base if image else entry.resolution.base if entry else None  # what the image was built on
     base_text = stack.base.name + (f"@{short(base.pin)}" if base and base.pin else "")
     newer = tuple(Newer(p.name, p.version, known[p.name].newest, known[p.name].checked)
                   for p in stack.packages if p.name in known and _newer(known[p.name].newest, p.version))

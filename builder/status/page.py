@@ -204,9 +204,9 @@ def _bench_figure(number: int, row: Row, stack: Stack, history: tuple[BenchPoint
         cells = "".join(f'<tr><td>{escape(p.mode)}</td><td>{p.tok_s:.1f}</td><td>{escape(p.verdict or "-")}</td>'
                         f'<td>{escape(_when(p))}</td><td><code>{escape(short(p.image_id) or "")}</code></td></tr>'
                         for p in mine)
-        table = (f'<table class="figures"><caption>Measured figures of {escape(row.stack)}</caption><thead><tr>'
+        table = (f'<div class="table-wrap"><table class="figures"><caption>Measured figures of {escape(row.stack)}</caption><thead><tr>'
                  '<th scope="col">mode</th><th scope="col">tok/s</th><th scope="col">verdict</th>'
-                 f'<th scope="col">recorded</th><th scope="col">image</th></tr></thead><tbody>{cells}</tbody></table>')
+                 f'<th scope="col">recorded</th><th scope="col">image</th></tr></thead><tbody>{cells}</tbody></table></div>')
     return (f'<figure class="bench" data-stack="{escape(row.stack)}" aria-labelledby="{plot_id}-caption">'
             f'<figcaption id="{plot_id}-caption"><h3>{escape(row.stack)}</h3></figcaption>{plot}'
             f'<ul class="legend" aria-label="serve modes">{legend}</ul>'
@@ -215,7 +215,12 @@ def _bench_figure(number: int, row: Row, stack: Stack, history: tuple[BenchPoint
 
 
 def step_label(step: str) -> str:
-    """A layer's creating step, short: `pip install 10-torch.txt`, `COPY stack.json`, `COPY runtime/`."""
+    """A layer's creating step in at most 40 characters: `pip install 10-torch.txt`, `COPY runtime/`."""
+    text = _step_words(step)
+    return text if len(text) <= 40 else text[:39] + "…"
+
+
+def _step_words(step: str) -> str:
     text = re.sub(r"^\|\d+ (\S+=\S* )*", "", step.strip())  # the build arguments buildah records first
     text = text.removeprefix("/bin/sh -c ").removeprefix("#(nop) ").strip()
     text = re.sub(r"--mount=\S+\s*", "", text)
@@ -223,18 +228,15 @@ def step_label(step: str) -> str:
     if copied:
         target = copied.group(1)
         return "COPY " + target.rstrip("/").rsplit("/", 1)[-1] + ("/" if target.endswith("/") else "")
-    if text.startswith("["):
-        try:
-            words = [str(word) for word in json.loads(text)]
-        except ValueError:
-            words = []
-        if "-r" in words[:-1]:
-            return "pip install " + words[words.index("-r") + 1].rsplit("/", 1)[-1]
-        if any(word.endswith("apply_patch.py") for word in words):
-            return "patch " + words[-1].rsplit("/", 1)[-1]
-        if words:
-            text = " ".join(words)
-    return text if len(text) <= 40 else text[:39] + "…"
+    try:
+        words = [str(word) for word in json.loads(text)] if text.startswith("[") else []
+    except ValueError:
+        words = []
+    if "-r" in words[:-1]:
+        return "pip install " + words[words.index("-r") + 1].rsplit("/", 1)[-1]
+    if any(word.endswith("apply_patch.py") for word in words):
+        return "patch " + words[-1].rsplit("/", 1)[-1].removesuffix(".patch")
+    return " ".join(words) or text
 
 
 def _layer_figures(status: Status, lock: store.LockFile, root: Path) -> list[str]:
@@ -264,9 +266,9 @@ def _layer_figures(status: Status, lock: store.LockFile, root: Path) -> list[str
             f'aria-labelledby="{plot_id}-caption"><figcaption id="{plot_id}-caption">{heading}'
             f"<p>{len(bars)} layers, {svg.human_bytes(total)} uncompressed (from {_code(report)}); the largest, "
             f"{escape(ranked[0].label)}, is {100 * ranked[0].bytes / total:.0f}% of it.</p></figcaption>{plot}"
-            f'<table class="layer-table"><caption>Layers of {escape(row.stack)}, in build order</caption><thead><tr>'
+            f'<div class="table-wrap"><table class="layer-table"><caption>Layers of {escape(row.stack)}, in build order</caption><thead><tr>'
             '<th scope="col">#</th><th scope="col">step</th><th scope="col">size</th><th scope="col">share</th>'
-            f"</tr></thead><tbody>{cells}</tbody></table></figure>")
+            f"</tr></thead><tbody>{cells}</tbody></table></div></figure>")
     return out or ["<p>No image is recorded in the lock yet.</p>"]
 
 
