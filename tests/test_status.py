@@ -227,3 +227,34 @@ def test_layer_steps_are_named_short():
     assert all(len(label) <= 40 for label in labels)
     assert subprocess.run(["git", "-C", str(REPO), "ls-files", "--error-unmatch", f"build-reports/{STACK}.json"],
                           capture_output=True).returncode == 0  # what a fresh clone has
+
+
+def _workflow(name: str) -> dict:
+    import yaml
+    return yaml.safe_load((REPO / ".github" / "workflows" / name).read_text())
+
+
+@pytest.mark.parametrize("name, job, after", [("build.yml", "build", "builder build --stack"),
+                                              ("gpu.yml", "gpu", "builder pin")])
+def test_build_and_gpu_write_the_rows_table_into_the_job_summary(name, job, after):
+    steps = _workflow(name)["jobs"][job]["steps"]
+    runs = [step.get("run", "") for step in steps]
+    (summary,) = [i for i, run in enumerate(runs) if "builder status --markdown" in run]
+    assert runs[summary].strip() == '.venv/bin/builder status --markdown --stack "$STACK" >> "$GITHUB_STEP_SUMMARY"'
+    assert steps[summary]["if"] == "${{ !cancelled() }}"  # a failed build or a refused pin is shown too
+    assert summary > next(i for i, run in enumerate(runs) if after in run)
+
+
+def test_the_status_workflow_builds_the_page_from_main_and_deploys_it_with_pages():
+    workflow = _workflow("status.yml")
+    assert workflow[True]["push"] == {"branches": ["main"]} and workflow["permissions"] == {"contents": "read"}
+    page, deploy = workflow["jobs"]["page"], workflow["jobs"]["deploy"]
+    checkout = page["steps"][0]
+    assert checkout["with"]["fetch-depth"] == 0 and checkout["with"]["persist-credentials"] is False
+    runs = [step.get("run", "") for step in page["steps"]]
+    assert "builder status --html site --refresh-newer" in runs
+    (upload,) = [s for s in page["steps"] if s.get("uses", "").startswith("actions/upload-pages-artifact@")]
+    assert upload["with"]["path"] == "site" and "permissions" not in page
+    assert deploy["needs"] == "page" and deploy["permissions"] == {"pages": "write", "id-token": "write"}
+    assert [s["uses"].split("@")[0] for s in deploy["steps"]] == ["actions/deploy-pages"]
+    assert deploy["environment"]["url"] == "${{ steps.deployment.outputs.page_url }}"
