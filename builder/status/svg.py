@@ -84,7 +84,7 @@ def bench_plot(plot_id: str, title: str, desc: str, modes: list[str], slots: lis
             out.append(f'<text x="{x(slot):.1f}" y="{top + inner_h + 18}" text-anchor="middle">{escape(first)}'
                        f'<tspan x="{x(slot):.1f}" dy="13">{escape(second)}</tspan></text>')
     if not slots:
-        out.append(f'<text class="empty" x="{left + inner_w / 2:.1f}" y="{top + inner_h / 2:.1f}" '
+        out.append(f'<text class="empty" x="{left + inner_w / 2:.1f}" y="{top + inner_h - 12:.1f}" '
                    'text-anchor="middle">no bench figure measured yet</text>')
     out.append('</g>')
     label_at: list[float] = []  # the labels' baselines, top down: each at its line, or just below the last
