@@ -194,6 +194,8 @@ def render_stack(stack: Stack, project: Project, resolution_of: ResolutionSource
         site_packages=site_packages(stack),
         groups=[{"name": g, "file": GROUP_FILES[g], "title": GROUP_TITLES[g]} for g in GROUP_ORDER],
         patches=patches,
+        # Stacks carrying the nvcc wheel bake the FlashInfer modules their serve modes load.
+        bake=stack.package("nvidia-cuda-nvcc") is not None,
         created=created,
         port=serve_port,
         stack_labels=stack_labels(stack, patches),

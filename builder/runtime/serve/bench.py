@@ -77,6 +77,40 @@ def choose_reference(stack: dict, mode: str, given: float | None = None) -> Refe
     return Reference(None, f"no figure is pinned for {name} {mode}{nor}")
 
 
+# The settings that decide how the TP group all-reduces: a figure measured under one set says nothing
+# about another, so the report names them and a run whose settings differ from its mode's is not judged.
+COMMUNICATION_ARGS = ("tp_size", "disable_custom_all_reduce", "enable_torch_symm_mem",
+                      "enable_flashinfer_allreduce_fusion", "flashinfer_allreduce_fusion_backend",
+                      "enforce_disable_flashinfer_allreduce_fusion")
+COMMUNICATION_ENV = ("SGLANG_ENABLE_PCIE_IPC_ALLREDUCE", "SGLANG_PCIE_IPC_MAX_NUMEL")
+COMMUNICATION_ENV_PREFIXES = ("NCCL_",)
+
+
+def _communication_env(env: dict) -> dict:
+    return {name: str(value) for name, value in sorted(env.items())
+            if name in COMMUNICATION_ENV or name.startswith(COMMUNICATION_ENV_PREFIXES)}
+
+
+def communication(stack: dict, mode: str, environ: dict | None = None) -> dict:
+    """{"args", "env"}: the mode's all-reduce settings; with `environ` (the caller's environment, which
+    the entrypoint passes on to the server) the communication variables it sets win over the mode's."""
+    profile = stack["serve"]["modes"][mode]
+    env = {**stack["serve"].get("env", {}), **profile.get("env", {}), **_communication_env(environ or {})}
+    return {"args": {name: profile["args"][name] for name in COMMUNICATION_ARGS if name in profile["args"]},
+            "env": _communication_env(env)}
+
+
+def comparable(reference: Reference, declared: dict, effective: dict) -> Reference:
+    """The reference, unless it is a pinned figure of the mode and this run's communication settings
+    are not the mode's: then nothing. A figure given on the command line is the caller's to judge."""
+    if reference.tok_s is None or reference.figure is None or declared == effective:
+        return reference
+    changed = sorted(name for name in {*declared["env"], *effective["env"]}
+                     if declared["env"].get(name) != effective["env"].get(name))
+    return Reference(None, f"not judged: the run's communication settings differ from the mode's "
+                           f"({', '.join(changed)}), and {reference.why} is the mode's", reference.figure)
+
+
 @dataclasses.dataclass(frozen=True)
 class BenchPlan:
     """What to measure, what to compare it with, where the report goes."""
@@ -87,6 +121,7 @@ class BenchPlan:
     reference: Reference
     tolerance: float
     output: str
+    communication: dict | None = None  # communication(): what the run's reduction settings were
 
 
 @dataclasses.dataclass(frozen=True)
@@ -274,6 +309,7 @@ def build_report(
     model: str | None = None,
     gpus: tuple[str, ...] = (),
     server_gen_tok_s: list[float] | None = None,
+    communication_settings: dict | None = None,
 ) -> dict:
     metrics = summarize(results)
     tok_s = metrics["output_tok_s"]["median"]
@@ -284,6 +320,7 @@ def build_report(
         "cuda": stack["cuda"],
         "distributions": stack["distributions"],
         "mode": mode,
+        "communication": communication_settings,
         "model": model,
         "url": url,
         "gpus": list(gpus),
@@ -359,6 +396,7 @@ def benchmark(
         model=model_path(url, api_key),
         gpus=gpus,
         server_gen_tok_s=server_log[first["index"] :] if server_log is not None else None,
+        communication_settings=plan.communication,
     )
     write_report(report, plan.output)
     say(f"reference: {plan.reference.why}")

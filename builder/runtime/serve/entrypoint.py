@@ -27,8 +27,9 @@ import os
 import signal
 import sys
 import urllib.parse
+from pathlib import Path
 
-from builder.runtime import stackinfo
+from builder.runtime import flashinfer_bake, stackinfo
 from builder.runtime.serve import api_key, bench, health, launch, preflight
 from builder.runtime.serve.errors import (
     EXIT_OK,
@@ -260,6 +261,9 @@ def run_preflight(plan: launch.LaunchPlan, stack: dict) -> preflight.PreflightRe
     if report.problems:
         raise PreflightError("\n".join(report.problems))
     say(f"pre-flight passed: {len(report.gpu_names)} GPU(s), {plan.gpus_needed} needed")
+    seeded = flashinfer_bake.seed_cache(Path(plan.env["FLASHINFER_WORKSPACE_BASE"]))
+    if seeded:
+        say(f"FlashInfer cache seeded with the modules baked at build time: {', '.join(seeded)}")
     return report
 
 
@@ -318,11 +322,15 @@ def bench_plan(args: argparse.Namespace, stack: dict) -> bench.BenchPlan:
     if not 0 <= tolerance < 1:
         raise UsageError(f"--tolerance {tolerance} is not a fraction between 0 and 1")
     cache_dir = args.cache_dir or stack["serve"].get("cache_dir") or "/cache"
+    # A launched server gets the caller's environment; an attached one (--url) is taken as its mode's.
+    effective = bench.communication(stack, args.mode, None if args.url else dict(os.environ))
     return bench.BenchPlan(
         stack=stack,
         mode=args.mode,
         workload=workload,
-        reference=bench.choose_reference(stack, args.mode, args.reference),
+        reference=bench.comparable(bench.choose_reference(stack, args.mode, args.reference),
+                                   bench.communication(stack, args.mode), effective),
+        communication=effective,
         tolerance=tolerance,
         output=args.output or os.path.join(cache_dir, "bench", f"{stack['stack']}-{args.mode}.json"),
     )

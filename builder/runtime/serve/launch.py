@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from builder.runtime import stackinfo
+from builder.runtime import flashinfer_bake, stackinfo
 from builder.runtime.serve.api_key import ApiKey
 from builder.runtime.serve.errors import UsageError
 
@@ -166,6 +166,10 @@ def planned_env(stack: dict, profile: dict, cache_dir: str) -> dict:
     env = dict(FIXED_ENV)
     for variable, subdir in CACHE_VARIABLES:
         env[variable] = os.path.join(cache_dir, subdir)
+    if "nvidia-cuda-nvcc" in stack.get("distributions", {}):
+        # FlashInfer compiles what the model needs at first start with the nvcc wheel, through the
+        # toolkit layout the build made over it (builder/runtime/cuda_home.py).
+        env["CUDA_HOME"] = str(flashinfer_bake.CUDA_HOME_DIR)
     env.update(stack["serve"].get("env", {}))
     env.update(profile.get("env", {}))
     return {name: str(value) for name, value in env.items()}

@@ -4,7 +4,7 @@
 
 Reads the stack description (/opt/builder/stack.json, or --stack / the
 BUILDER_STACK_JSON variable) and runs the named checks: versions, imports,
-abi, arch, patches, entrypoint, gpu. Each row passes, fails or is skipped with
+abi, arch, compile, patches, entrypoint, gpu. Each row passes, fails or is skipped with
 a reason. Prints a table (or JSON with --json); exit status 1 when any check
 failed, 2 for bad usage or an unreadable stack description, 3 when the NVIDIA
 driver is older than the stack's CUDA needs (the gpu.driver row says which).
@@ -19,7 +19,7 @@ import sys
 import traceback
 
 from builder.runtime import stackinfo
-from builder.runtime.smoke import abi, arch, gpu, imports, launch_command, patches, report, versions
+from builder.runtime.smoke import abi, arch, gpu, imports, launch_command, patches, report, toolchain, versions
 from builder.runtime.smoke.env import Environment, side_by_side
 
 # In the order they are reported (they run concurrently): cheap facts first, the GPU last.
@@ -28,6 +28,7 @@ CHECKS = {
     "imports": imports.run,
     "abi": abi.run,
     "arch": arch.run,
+    "compile": toolchain.run,
     "patches": patches.run,
     "entrypoint": launch_command.run,
     "gpu": gpu.run,
