@@ -90,7 +90,7 @@ def test_a_fresh_clone_shows_every_view_with_the_network_refused(tmp_path):
     assert [line.split()[0] for line in table.stdout.splitlines()[1:1 + len(rows)]] == rows
     assert [row["stack"] for row in _status_json(clone, env)["rows"]] == rows
     markdown = run_offline("status", "--markdown", cwd=clone, env=env)
-    assert markdown.returncode == 0 and markdown.stdout.count("\n| ") == len(rows) + 1, markdown.stderr
+    assert markdown.returncode == 0 and markdown.stdout.count("\n| ") == len(rows) + 2, markdown.stderr
     page = run_offline("status", "--html", str(tmp_path / "site"), cwd=clone, env=env)
     assert (page.returncode, page.stdout) == (0, f"wrote {tmp_path / 'site' / 'index.html'}\n"), page.stderr
     text = (tmp_path / "site" / "index.html").read_text()
