@@ -103,14 +103,14 @@ def url_problem(url: str, allow_template: bool = False, signed_archive: bool = F
     if "@" in parts.netloc:
         return ("carries a user name or password, refused (credentials come from a netrc or the Docker "
                 "config, never from the matrix)")
+    if parts.scheme not in ("https", "http"):
+        return f"has scheme '{one_line(parts.scheme)}' (sources are https://; http only to loopback)"
     if not host:
         return "names no host"
-    if parts.scheme == "https":
-        return None
     if parts.scheme == "http":
         return None if signed_archive or is_loopback_name(host) else \
             "is plain http to a host that is not loopback (sources are https://; http only to 127.0.0.0/8, ::1, localhost)"
-    return f"has scheme '{one_line(parts.scheme)}' (sources are https://; http only to loopback)"
+    return None
 
 
 def _url(what: str, allow_template: bool = False, signed_archive: bool = False):

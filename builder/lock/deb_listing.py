@@ -10,6 +10,7 @@ building.
 from __future__ import annotations
 
 from builder.config.stack import Stack
+from builder.escape import comment
 from builder.lock.system_packages import SystemPackages
 
 DEBS_FILE = "debs.txt"
@@ -23,7 +24,7 @@ def listing(locked: SystemPackages) -> str:
 def unlocked_listing(stack: Stack) -> str:
     """For a row `builder lock` has not resolved: sha256sum --strict refuses it, and so does the build."""
     return (f"{_UNLOCKED}: run `builder lock --stack {stack.name}` where its archive is reachable.\n"
-            f"# {' '.join(stack.base.system_packages)}\n")
+            f"# {comment(' '.join(stack.base.system_packages))}\n")
 
 
 def is_locked(text: str) -> bool:

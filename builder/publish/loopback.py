@@ -5,14 +5,17 @@ hosts). The one predicate the transport policy, the engines' TLS switch and the 
 from __future__ import annotations
 
 import ipaddress
+import re
 
 LOOPBACK_NETWORKS = (ipaddress.ip_network("127.0.0.0/8"), ipaddress.ip_network("::1/128"))
 
 
 def host_name(host: str) -> str:
-    """'host:5000' -> 'host'; '[::1]:5000' -> '::1'; '::1' -> '::1'."""
+    """'host:5000' -> 'host'; '[::1]:5000' -> '::1'; '::1' -> '::1'. A bracket form with anything but a
+    port after it ('[::1].evil') is no address: it is returned whole, a name matched as written."""
     if host.startswith("["):
-        return host[1:].partition("]")[0]
+        inside, _, rest = host[1:].partition("]")
+        return inside if re.fullmatch(r"(?::[0-9]+)?", rest) else host
     return host.partition(":")[0] if host.count(":") == 1 else host
 
 
