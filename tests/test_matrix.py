@@ -40,7 +40,7 @@ def problems(tmp_path: Path, text: str) -> list[str]:
 
 def test_real_matrix_expands_axes_into_named_rows():
     matrix = load_matrix(REPO / "matrix.toml")
-    assert [s.name for s in matrix.stacks] == ["sglang-0.5.9-cu130", "sglang-0.5.9-cu128"]
+    assert [s.name for s in matrix.stacks] == ["sglang-0.5.9-cu130", "sglang-0.5.9-cu128", "sglang-0.5.23-cu130"]
     target = matrix.stack("sglang-0.5.9-cu130")
     assert target.cuda == "13.0.1" and target.python == "3.12"
     assert target.package("torch").version == "2.9.1+cu130"
@@ -72,7 +72,8 @@ def test_overrides_carry_the_declared_requirement():
 
 def test_local_base_rows():
     matrix = load_matrix(REPO / "matrix.toml", local_base=True)
-    assert [s.name for s in matrix.stacks] == ["sglang-0.5.9-cu130-local", "sglang-0.5.9-cu128-local"]
+    assert [s.name for s in matrix.stacks] == [
+        "sglang-0.5.9-cu130-local", "sglang-0.5.9-cu128-local", "sglang-0.5.23-cu130-local"]
     row = matrix.stacks[1]
     assert row.base.local and row.python == "3.11" and row.base.image == "localhost/builder-base:debian-bookworm"
     assert matrix.select(["sglang-0.5.9-cu128"], local_base=True) == (row,)
@@ -174,7 +175,7 @@ def test_python_against_wheel_tags(tmp_path):
 def test_patch_series_for_another_version(tmp_path):
     text = edited('sglang = { version = "0.5.9" }', 'sglang = { version = "0.5.8" }')
     found = "\n".join(problems(tmp_path, text))
-    assert "the sglang patch series is written for 0.5.9, but the stack pins 0.5.8" in found
+    assert "the sglang patch series is written for 0.5.23, 0.5.9, but the stack pins 0.5.8" in found
 
 
 def test_contradicting_pin_needs_an_override(tmp_path):
