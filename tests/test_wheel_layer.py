@@ -225,3 +225,33 @@ def test_an_image_is_written_with_deterministic_json(tmp_path):
         + b'}],"schemaVersion":2}')
     with pytest.raises(LayoutError, match="holds 0 images named y, not one"):
         layout.manifest("y")
+
+
+@pytest.mark.network
+def test_two_wheels_that_write_one_path_are_refused(wheels, tmp_path):
+    layout = Layout.create(tmp_path / "layout")
+    six = next(path for path in wheels if path.name.startswith("six-"))
+    copy = tmp_path / "copy" / six.name
+    copy.parent.mkdir()
+    copy.write_bytes(six.read_bytes())
+    scheme = VenvScheme("/opt/venv", "3.11", "/opt/venv/bin/python")
+    with pytest.raises(BuildFailure, match=rf"^opt/venv/lib/python3.11/site-packages/\S+: in both {six.name} and "
+                                           rf"{six.name}$"):
+        write_wheel_layer(layout, _locked([six, copy]), scheme, EPOCH)
+    assert list(layout.blobs.iterdir()) == []
+
+
+def test_comparing_a_layout_whose_config_is_damaged_says_so(tmp_path):
+    """layer_diff reads layouts through layout.py now: a config blob that is not its digest is named,
+    where it used to be read as the image (and its hash reported as the image's id)."""
+    from builder.errors import UserError
+    from builder.image.layer_diff import read_image
+
+    layout = Layout.create(tmp_path / "layout")
+    layer = layout.write_blob(b"")
+    config = b'{"rootfs":{"diff_ids":["' + layer.digest.encode() + b'"]}}'
+    layout.write_image(config, [layer.as_json("application/vnd.oci.image.layer.v1.tar")])
+    assert read_image(layout.root).config_digest == digest_of(config)
+    layout.blob_path(digest_of(config)).write_bytes(config.replace(b"rootfs", b"rootfz"))
+    with pytest.raises(UserError, match=f"blob {digest_of(config)} reads as sha256:"):
+        read_image(layout.root)

@@ -198,9 +198,9 @@ def write_wheel_layer(layout: Layout, wheels: Sequence[LockedWheel], scheme: Ven
                 planned = _plan(source, scheme, i)
             except (InstallerError, ValueError, KeyError) as error:
                 raise BuildFailure(f"{Path(wheels[i].path).name}: cannot be installed: {error}") from None
-            for path in planned.keys() & entries.keys():
-                raise BuildFailure(f"{path}: in both {Path(wheels[entries[path].wheel].path).name} and "
-                                   f"{Path(wheels[i].path).name}")
+            if clashes := sorted(planned.keys() & entries.keys()):
+                raise BuildFailure(f"{clashes[0]}: in both {Path(wheels[entries[clashes[0]].wheel].path).name} "
+                                   f"and {Path(wheels[i].path).name}")
             entries.update(planned)
         with layout.blob_writer() as blob:
             _write_tar(blob, entries, [archive for _, archive in opened], epoch)
