@@ -1,5 +1,7 @@
 """Property-based fuzzing of what users type: the real matrix.toml damaged every way a hand or a tool
-damages it, and the image entrypoint's arguments and environment. Every command either works (exit 0)
+damages it, every string of it given hostile text (refused, or rendered as data), the real matrix.lock
+damaged (through `lock --check` and `render --check`), and the image entrypoint's arguments and
+environment. Every command either works (exit 0)
 or refuses with `builder: error:` lines (exit 2); a traceback fails the test and hypothesis shrinks
 it to the smallest input that shows it.
 
@@ -326,3 +328,132 @@ def test_entrypoint_arguments_and_environment(call, monkeypatch, capsys):
     if status == 2:
         lines = err.splitlines()
         assert lines and all(line.startswith("entrypoint: error: ") for line in lines), err
+
+
+# ---- matrix.lock damaged: every reader refuses it in lines of its own, or reads what is valid -----------
+
+LOCK_TEXT = (REPO / "matrix.lock").read_text()
+LOCK_DATA = json.loads(LOCK_TEXT)
+
+
+def _leaf_paths(value, path=()):
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield from _leaf_paths(item, path + (key,))
+    elif isinstance(value, list) and value:
+        for index, item in enumerate(value):
+            yield from _leaf_paths(item, path + (index,))
+    else:
+        yield path
+
+
+# Leaves of the resolutions (what builds read), sampled so the file's size does not weigh the draw.
+LOCK_LEAVES = [path for path in _leaf_paths(LOCK_DATA) if "resolution" in path][::7]
+HOSTILE_LOCK_VALUES = st.one_of(
+    ODD_TEXT, INTEGERS, FLOATS.filter(lambda f: f == f and abs(f) != float("inf")), st.none(), st.booleans(),
+    st.sampled_from(["../../escaped.whl", "../../../outside", "/etc/passwd", "sha256:" + "0" * 64, "0" * 64,
+                     "http://index.example/simple", "https://u:p@index.example/simple", "x.whl\nRUN id", [], {}]),
+)
+
+
+@st.composite
+def damaged_lock(draw) -> str:
+    if draw(st.integers(0, 3)) == 0:  # bytes damaged anywhere
+        data = bytearray(LOCK_TEXT.encode())
+        for _ in range(draw(st.integers(1, 3))):
+            position = draw(st.integers(0, len(data) - 1))
+            data[position] = draw(st.integers(32, 126))
+        return data.decode("utf-8", "replace")
+    data = json.loads(LOCK_TEXT)
+    for _ in range(draw(st.integers(1, 2))):
+        path = draw(st.sampled_from(LOCK_LEAVES))
+        holder = data
+        for key in path[:-1]:
+            holder = holder[key]
+        holder[path[-1]] = draw(HOSTILE_LOCK_VALUES)
+    return json.dumps(data, indent=2, sort_keys=True)
+
+
+@examples(40)
+@given(text=damaged_lock())
+def test_damaged_lock_through_lock_check_and_render_check(text, scratch, capsys):
+    path = scratch / "fuzzed.lock"
+    path.write_text(text)
+    os.environ["BUILDER_LOCK"] = str(path)
+    try:
+        for command in (["lock", "--check"], ["render", "--check"]):
+            status = builder_main([*command, "--matrix", str(REPO / "matrix.toml")])
+            out, err = capsys.readouterr()
+            assert status in (0, 1, 2), (command, status, err)
+            if status:
+                lines = err.splitlines()
+                assert lines and all(line.startswith("builder: error: ") for line in lines), err
+            if status == 2:
+                assert len(err.splitlines()) == 1, err  # the lock is refused in one line
+    finally:
+        del os.environ["BUILDER_LOCK"]
+
+
+# ---- every string of the matrix given any text: refused in file:line lines, or rendered as data -------
+
+STRING_VALUES = [(index, match.start(2), match.end(2))
+                 for index in ASSIGNMENTS
+                 for match in re.finditer(r'(=\s*)("(?:[^"\\]|\\.)*")', LINES[index])]
+HOSTILE_TEXT = st.one_of(
+    ODD_TEXT,
+    st.sampled_from(["\nRUN id", "\rRUN id", '"', "\\", "\x00", "\u2028", "\u2029", "${HOME}", "$$", "}", "' #",
+                     "a b", "/../..", ":ro", "@", "--index-url https://evil.example"]),
+)
+
+
+def _keywords(dockerfile: str) -> list[str]:
+    words, continued = [], False
+    for line in dockerfile.split("\n"):
+        if not continued and line.strip() and not line.lstrip().startswith("#"):
+            words.append(line.split()[0])
+        continued = line.endswith("\\")
+    return words
+
+
+def _rendered(matrix_path: Path) -> dict:
+    from builder.config.matrix import load_matrix
+    from builder.image import render
+    matrix = load_matrix(matrix_path)
+    return render.render_all(matrix.all_rows(), matrix.project, lambda stack: None)
+
+
+BENIGN_RENDER = {}
+
+
+@examples(60)
+@given(choice=st.sampled_from(STRING_VALUES), extra=HOSTILE_TEXT, keep=st.booleans())
+def test_every_matrix_string_is_refused_or_rendered_as_data(choice, extra, keep, scratch, capsys):
+    from builder.errors import UserError
+    index, start, end = choice
+    old = json.loads(LINES[index][start:end])
+    lines = list(LINES)
+    lines[index] = LINES[index][:start] + json.dumps((old if keep else "") + extra) + LINES[index][end:]
+    path = scratch / "matrix.toml"
+    path.write_text("".join(lines), encoding="utf-8", errors="surrogatepass")
+    status = builder_main(["matrix", "--matrix", str(path)])
+    out, err = capsys.readouterr()
+    assert status in (0, 2), err
+    if status == 2:
+        position = re.compile(re.escape(f"builder: error: {path}") + r"(:\d+(:\d+)?)?: ")
+        assert err and all(position.match(line) for line in err.splitlines()), err
+        return
+    if not BENIGN_RENDER:
+        (scratch / "benign.toml").write_text(MATRIX_TEXT)
+        BENIGN_RENDER.update(_rendered(scratch / "benign.toml"))
+    try:
+        files = _rendered(path)
+    except UserError as refused:
+        assert "\n" not in str(refused)
+        return
+    for name, text in files.items():
+        assert text.splitlines() == text.split("\n")[:-1], name  # no line break but "\n"
+        if name.endswith("Dockerfile") and name in BENIGN_RENDER:
+            assert _keywords(text) == _keywords(BENIGN_RENDER[name]), name
+        if name.endswith("compose.yaml"):
+            import yaml
+            assert isinstance(yaml.safe_load(text)["services"], dict), name
