@@ -35,7 +35,7 @@ def test_two_clean_builds_give_the_same_digest(base_image, tmp_path):
         context_dir=context, dockerfile=context / "Dockerfile",
         tags=["localhost/engine-test-repro:1"], source_date_epoch=EPOCH,
     )
-    two = build_twice(built, (base_image.archive,), tmp_path / "verify")
+    two = build_twice(built, (base_image.archive,), tmp_path / "verify", BuildahEngine())
     assert two.image_ids[0] == two.image_ids[1]
     assert two.archives[0].read_bytes() == two.archives[1].read_bytes()
     # Each build ran in its own storage, removed afterwards: nothing of them is left.
@@ -213,3 +213,15 @@ def test_base_with_several_names_is_refused(base_image, tmp_path):
             "depend on which name buildah records; remove the extra names (buildah rmi NAME)")
     finally:
         engine.reset_storage()
+
+
+def test_buildah_that_is_not_installed_holds_nothing(tmp_path):
+    """`builder smoke` and `builder push` ask holds() where buildah may be missing: an answer, not a traceback."""
+    assert BuildahEngine(command=[str(tmp_path / "no-buildah")], export_to_docker=False).holds("anything:1") is False
+
+
+def test_a_private_storage_is_the_same_buildah_delivering_nowhere(tmp_path):
+    host = BuildahEngine(command=["buildah", "--log-level=error"])
+    fresh = host.private_storage(tmp_path / "storage")
+    assert (fresh.storage_dir, fresh.command, fresh.export_to_docker) == (tmp_path / "storage", host.command, False)
+    assert fresh.docker_loader().export_to_docker and fresh.docker_loader().storage_dir == tmp_path / "storage"

@@ -92,3 +92,20 @@ def test_docker_20_10_builds_are_not_reproducible(base_image, tmp_path):
         engine.remove(tag)
     assert engine.reproducible is False
     assert ids[0] != ids[1]
+
+
+def test_the_daemon_is_the_container_api_and_holds_what_it_built(image, monkeypatch):
+    """What smoke_host and push ask of the docker engine: its images run in the daemon itself (no service
+    of its own for the watchdog to stop), and it holds exactly what the daemon holds."""
+    monkeypatch.delenv("DOCKER_HOST", raising=False)
+    engine = DockerEngine()
+    with engine.container_api() as api:
+        assert api.client.images.get(image["id"]).id == image["id"]
+        assert api.url == "unix:///var/run/docker.sock" and api.service_pid is None
+    assert engine.holds(image["id"]) and not engine.holds("localhost/no-such-image:0")
+    assert engine.docker_loader() is None
+
+
+def test_an_unreachable_daemon_holds_nothing(monkeypatch, tmp_path):
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no.sock")
+    assert DockerEngine().holds("anything:1") is False

@@ -15,7 +15,7 @@ import pytest
 from builder.engine import get_engine
 from builder.engine.buildah import BuildahEngine
 from builder.engine.protocol import BuildRequest
-from builder.image import build
+from builder.errors import UserError
 from engine_helpers import EPOCH, write_context
 
 pytestmark = pytest.mark.engine
@@ -52,14 +52,20 @@ def test_a_build_without_load_leaves_the_docker_daemon_alone(built):
 
 def test_load_puts_the_image_into_docker_under_its_tags_once(built):
     engine, result, tags = built
-    loader = build.docker_loader(engine)
-    assert loader.storage_dir == engine.storage_dir
-    moved = build.load_into_docker(loader, result, tags)
+    loader = engine.docker_loader()
+    assert loader.storage_dir == engine.storage_dir and loader.export_to_docker
+    moved = loader.load_into_docker(result, tags)
     assert moved == sum(layer.size for layer in result.layers) > 0
     client = docker.from_env()
     assert [client.images.get(tag).id for tag in tags] == [result.image_id, result.image_id]
-    assert build.load_into_docker(loader, result, tags) == 0  # already there: nothing moves again
+    assert loader.load_into_docker(result, tags) == 0  # already there: nothing moves again
+
+
+def test_an_engine_that_delivers_nowhere_refuses_to_load(built):
+    engine, result, tags = built
+    with pytest.raises(UserError, match="delivers nowhere"):
+        engine.load_into_docker(result, tags)
 
 
 def test_the_docker_engine_has_nothing_to_load():
-    assert build.docker_loader(get_engine("docker")) is None
+    assert get_engine("docker").docker_loader() is None

@@ -9,6 +9,7 @@ import tarfile
 import pytest
 from engine_helpers import EPOCH, TEST_BASE_TAG, tar_bytes, write_context
 
+from builder.engine import storage_engine
 from builder.engine.protocol import BuildRequest
 from builder.errors import UserError
 from builder.image.layer_diff import (
@@ -134,7 +135,7 @@ RUN echo after > /after.txt
 """)
     request = BuildRequest(context_dir=context, dockerfile=context / "Dockerfile",
                            tags=["localhost/verify-test-planted:1"], source_date_epoch=EPOCH)
-    two = build_twice(request, (base_image.archive,), tmp_path / "verify")
+    two = build_twice(request, (base_image.archive,), tmp_path / "verify", storage_engine())
     assert two.image_ids[0] != two.image_ids[1]
     result = compare(*two.archives)
     assert result.layer_index == 2  # the base, the stable step, then the planted one

@@ -1,10 +1,15 @@
-"""Container engine backends behind one interface (protocol.Engine)."""
+"""Container engine backends behind one interface (protocol.Engine): the one door to an engine.
+
+Only this package names a concrete engine. Everything else gets an engine from the CLI, which makes it
+here (get_engine, storage_engine), and asks it for what it needs (protocol.Engine's capabilities:
+holds, container_api, docker_loader, load_into_docker; StorageEngine's private_storage for verify);
+tests/test_engine_door.py keeps it so."""
 
 from __future__ import annotations
 
 import os
 
-from builder.engine.protocol import BuildRequest, BuildResult, Engine, ImageInfo, Layer
+from builder.engine.protocol import BuildRequest, BuildResult, Engine, ImageInfo, Layer, StorageEngine
 from builder.errors import UserError
 
 ENGINE_NAMES = ("buildah", "docker")
@@ -31,7 +36,16 @@ def get_engine(name: str = DEFAULT_ENGINE, export_to_docker: bool = True) -> Eng
     raise UserError(f"unknown engine {name!r}: choose one of {', '.join(ENGINE_NAMES)}")
 
 
+def storage_engine() -> StorageEngine:
+    """buildah over its default storage, delivering nowhere: where `builder build` leaves its images,
+    where `builder smoke` and `builder push` look when the Docker daemon lacks one, and what
+    `builder verify` makes its empty private storages from."""
+    from builder.engine.buildah import BuildahEngine
+
+    return BuildahEngine(export_to_docker=False)
+
+
 __all__ = [
-    "BuildRequest", "BuildResult", "DEFAULT_ENGINE", "ENGINE_NAMES", "Engine", "ImageInfo", "Layer",
-    "default_engine_name", "get_engine",
+    "BuildRequest", "BuildResult", "DEFAULT_ENGINE", "ENGINE_NAMES", "Engine", "ImageInfo", "Layer", "StorageEngine",
+    "default_engine_name", "get_engine", "storage_engine",
 ]

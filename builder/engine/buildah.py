@@ -20,16 +20,17 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
-from builder.engine import canonical_export, delivery
+from builder.engine import canonical_export, delivery, podman_service
 from builder.engine.identity import EngineIdentity
 from builder.paths import cache_root
 from builder.engine.process import run_quiet, run_streaming
 from builder.engine.protocol import (
     BuildRequest,
     BuildResult,
+    ContainerApi,
     ImageInfo,
     check_request_inputs,
     layers_from_history,
@@ -180,7 +181,7 @@ class BuildahEngine:
 
     # -- canonical export ----------------------------------------------------------------------
 
-    def _canonical_index(self) -> canonical_export.CanonicalIndex:
+    def canonical_index(self) -> canonical_export.CanonicalIndex:
         if self.storage_dir is not None:
             return canonical_export.CanonicalIndex(self.storage_dir / "canonical-index")
         return host_canonical_index()
@@ -216,7 +217,7 @@ class BuildahEngine:
     def _canonical(self, native_id: str, request: BuildRequest) -> canonical_export.Export:
         """The canonical form of the engine's image: the one found by an earlier export of the same
         image, else a new one (canonical_export.py)."""
-        index = self._canonical_index()
+        index = self.canonical_index()
         known = index.image(native_id)
         if known is not None and self.exists(known):
             return canonical_export.Export(known)
@@ -408,6 +409,36 @@ class BuildahEngine:
             partial.replace(archive)
         finally:
             partial.unlink(missing_ok=True)
+
+    # -- capabilities (engine/protocol.py) --------------------------------------------------------
+
+    def holds(self, ref: str) -> bool:
+        return shutil.which(self.command[0]) is not None and self.exists(ref)
+
+    @contextlib.contextmanager
+    def container_api(self) -> Iterator[ContainerApi]:
+        """podman's Docker API over this storage (engine/podman_service.py): no copy into the daemon."""
+        with podman_service.serve(self.storage_dir) as service:
+            yield ContainerApi(service.client, service.url, service.pid)
+
+    def docker_loader(self) -> BuildahEngine:
+        return BuildahEngine(storage_dir=self.storage_dir, export_to_docker=True, command=self.command)
+
+    def load_into_docker(self, result: BuildResult, tags: Sequence[str]) -> int:
+        """Tagging delivers (only the layers the daemon lacks); the bytes are counted first, while the
+        daemon still lacks them."""
+        if not self.export_to_docker:
+            raise UserError("this buildah engine delivers nowhere: load through its docker_loader()")
+        missing = 0
+        if self.daemon.image_id(result.image_id) is None:
+            skip = delivery.layers_to_skip([l.diff_id for l in result.layers], delivery.held_chains(self.daemon.client))
+            missing = sum(layer.size or 0 for layer in result.layers if layer.diff_id not in skip)
+        for name in tags:
+            self.tag(name, name)
+        return missing
+
+    def private_storage(self, storage_dir: Path) -> BuildahEngine:
+        return BuildahEngine(storage_dir=storage_dir, export_to_docker=False, command=self.command)
 
     @contextlib.contextmanager
     def mounted(self, ref: str) -> Iterator[Path]:

@@ -11,6 +11,8 @@ from builder.engine.protocol import ImageInfo, layers_from_history
 from builder.errors import BuildFailure, UserError
 
 START_HINT = "start it with scripts/setup-host (or run `dockerd &` as root)"
+# Where the SDK looks when DOCKER_HOST is unset.
+DOCKER_DEFAULT_URL = "unix:///var/run/docker.sock"
 
 
 class ImageNotFound(UserError):

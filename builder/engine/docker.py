@@ -11,17 +11,20 @@ bit-reproducible, so `reproducible` is False and buildah stays the default engin
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from builder.engine.process import run_streaming
-from builder.engine.protocol import BuildRequest, BuildResult, ImageInfo, check_request_inputs, request_flags
-from builder.engine.daemon import DockerDaemon
+from builder.engine.protocol import (BuildRequest, BuildResult, ContainerApi, ImageInfo, check_request_inputs,
+                                     request_flags)
+from builder.engine.daemon import DOCKER_DEFAULT_URL, DockerDaemon
 from builder.engine.identity import EngineIdentity
 from builder.errors import UserError
 
@@ -162,6 +165,25 @@ class DockerEngine:
 
     def save(self, ref: str, archive: Path) -> None:
         self.daemon.save(ref, archive)
+
+    # -- capabilities (engine/protocol.py) --------------------------------------------------------
+
+    def holds(self, ref: str) -> bool:
+        try:
+            return self.exists(ref)
+        except UserError:  # the daemon is not running
+            return False
+
+    @contextlib.contextmanager
+    def container_api(self) -> Iterator[ContainerApi]:
+        """The daemon that built the image."""
+        yield ContainerApi(self.daemon.client, os.environ.get("DOCKER_HOST", DOCKER_DEFAULT_URL))
+
+    def docker_loader(self) -> None:
+        return None  # built in the daemon: nothing to load
+
+    def load_into_docker(self, result: BuildResult, tags: Sequence[str]) -> int:
+        return 0  # built in the daemon, where build() tagged it
 
 
 def _succeeds(argv: list[str]) -> bool:

@@ -10,15 +10,21 @@ it is meaningful (after a push, by the registry module).
 
 from __future__ import annotations
 
+import contextlib
 import re
 import types
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from builder.engine.identity import EngineIdentity
 from builder.errors import UserError
+
+if TYPE_CHECKING:
+    import docker
+
+    from builder.engine.canonical_export import CanonicalIndex
 
 # Each line the engine prints during a build; the caller decides how to show it (terminal or CI).
 ProgressCallback = Callable[[str], None]
@@ -124,6 +130,15 @@ class BuildResult:
     native_id: str = ""
 
 
+@dataclass(frozen=True)
+class ContainerApi:
+    """A Docker-compatible API where an engine's images run as they are (nothing copied anywhere)."""
+
+    client: docker.DockerClient
+    url: str  # for the watchdog (engine/reaper.py), a process of its own
+    service_pid: int | None = None  # a service started for this API, which the watchdog stops too
+
+
 class ImageStore(Protocol):
     """Somewhere images live under names: buildah's storage, the Docker daemon."""
 
@@ -183,6 +198,47 @@ class Engine(Protocol):
 
     def save(self, ref: str, archive: Path) -> None:
         """Write the image as a docker-archive tarball with uncompressed layers."""
+
+    # -- what callers ask of an engine instead of asking which engine it is ---------------------
+
+    def holds(self, ref: str) -> bool:
+        """Whether the engine can be reached here and its storage holds `ref` (False where it cannot)."""
+
+    def container_api(self) -> contextlib.AbstractContextManager[ContainerApi]:
+        """For the block's length, a Docker API over this engine's storage: the smoke checks' containers."""
+
+    def docker_loader(self) -> Engine | None:
+        """`--load`, as buildx: this engine over the same storage, also putting what it tags into the
+        Docker daemon; None where images are built in the daemon already."""
+
+    def load_into_docker(self, result: BuildResult, tags: Sequence[str]) -> int:
+        """The built image into the Docker daemon under `tags`, only the layers it lacks; the bytes moved."""
+
+
+class StorageEngine(Engine, Protocol):
+    """An engine whose storage the builder can make anew, mount and read: what `builder verify` needs
+    (buildah; the Docker daemon is one shared store)."""
+
+    storage_dir: Path | None  # None: the engine's default storage
+
+    def private_storage(self, storage_dir: Path) -> StorageEngine:
+        """This engine over an empty storage of its own under `storage_dir`, delivering nowhere."""
+
+    def build_native(self, request: BuildRequest) -> str:
+        """The engine's own image of `request`, before its canonical form (see build())."""
+
+    def canonical_index(self) -> CanonicalIndex:
+        """The canonical forms this storage's builds recorded."""
+
+    def canonical_preview(self, native_id: str, request: BuildRequest,
+                          known: CanonicalIndex | None = None) -> ImageInfo:
+        """The canonical image build() would make of `native_id`, computed, not stored."""
+
+    def mounted(self, ref: str) -> contextlib.AbstractContextManager[Path]:
+        """The image's root filesystem, read-only, for the block's length."""
+
+    def reset_storage(self) -> None:
+        """Empty a private storage: the next build starts cold."""
 
 
 def check_request_inputs(request: BuildRequest) -> None:

@@ -287,33 +287,32 @@ class TwoBuilds:
         return self.image_ids[0] == self.image_ids[1]
 
 
-def build_twice(request, base_archives: tuple[Path, ...], workdir: Path,
+def build_twice(request, base_archives: tuple[Path, ...], workdir: Path, engine,
                 save_when_identical: bool = True) -> TwoBuilds:
-    """Build `request` twice with buildah, each time in a new, empty storage holding only the base
-    images. Both results are saved as docker-archives under workdir for comparison; with
-    save_when_identical=False only when their ids differ (saving multi-GB images twice costs minutes)."""
-    from builder.engine.buildah import BuildahEngine
-
+    """Build `request` twice with `engine` (a StorageEngine), each time in a new, empty private storage
+    of it holding only the base images. Both results are saved as docker-archives under workdir for
+    comparison; with save_when_identical=False only when their ids differ (saving multi-GB images twice
+    costs minutes)."""
     workdir.mkdir(parents=True, exist_ok=True)
     engines, image_ids, durations = [], [], []
     try:
         for run in (1, 2):
-            engine = BuildahEngine(storage_dir=workdir / f"storage-{run}", export_to_docker=False)
-            engines.append(engine)
+            fresh = engine.private_storage(workdir / f"storage-{run}")
+            engines.append(fresh)
             for base in base_archives:
-                engine.load(base)
-            result = engine.build(replace(request, no_cache=True))
+                fresh.load(base)
+            result = fresh.build(replace(request, no_cache=True))
             image_ids.append(result.image_id)
             durations.append(result.duration_s)
         archives = []
         if save_when_identical or image_ids[0] != image_ids[1]:
-            for run, (engine, image_id) in enumerate(zip(engines, image_ids), start=1):
+            for run, (fresh, image_id) in enumerate(zip(engines, image_ids), start=1):
                 archive = workdir / f"build-{run}.docker.tar"
-                engine.save(image_id, archive)
+                fresh.save(image_id, archive)
                 archives.append(archive)
     finally:
-        for engine in engines:
-            discard_storage(engine, engine.storage_dir)
+        for fresh in engines:
+            discard_storage(fresh, fresh.storage_dir)
     return TwoBuilds(tuple(image_ids), tuple(archives), tuple(durations))
 
 

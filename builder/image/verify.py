@@ -21,9 +21,7 @@ from builder.engine import host_network
 from builder.image import build, context, deb_cache, layer_diff, render, tags, wheel_cache
 from builder.lock import store
 from builder.lock.resolution import base_pin, check_current
-from builder.engine import get_engine
-from builder.engine.protocol import BuildRequest, ImageInfo, Layer
-from builder.engine.buildah import BuildahEngine, host_canonical_index
+from builder.engine.protocol import BuildRequest, ImageInfo, Layer, StorageEngine
 from builder.engine.identity import describe
 from builder.errors import BuildFailure, UserError
 from builder.config.matrix import Matrix, load_matrix
@@ -41,8 +39,7 @@ def _scratch(root: Path, name: str) -> Path:
     return workdir
 
 
-def _export_bases(images: list[str], workdir: Path) -> tuple[Path, ...]:
-    engine = get_engine("buildah")
+def _export_bases(engine: StorageEngine, images: list[str], workdir: Path) -> tuple[Path, ...]:
     engine.check()
     archives = []
     for index, image in enumerate(images):
@@ -54,9 +51,10 @@ def _export_bases(images: list[str], workdir: Path) -> tuple[Path, ...]:
     return tuple(archives)
 
 
-def _twice(request: BuildRequest, bases: list[str], workdir: Path) -> layer_diff.Comparison:
+def _twice(engine: StorageEngine, request: BuildRequest, bases: list[str], workdir: Path) -> layer_diff.Comparison:
     try:
-        two = layer_diff.build_twice(request, _export_bases(bases, workdir), workdir, save_when_identical=False)
+        two = layer_diff.build_twice(request, _export_bases(engine, bases, workdir), workdir, engine,
+                                     save_when_identical=False)
         if two.identical:
             return layer_diff.Comparison(first_id=two.image_ids[0], second_id=two.image_ids[1])
         return layer_diff.compare(*two.archives)
@@ -64,7 +62,7 @@ def _twice(request: BuildRequest, bases: list[str], workdir: Path) -> layer_diff
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def verify_stack(stack: Stack, project: Project) -> layer_diff.Comparison:
+def verify_stack(stack: Stack, project: Project, engine: StorageEngine) -> layer_diff.Comparison:
     root = project.root
     render.require_rendered(stack, root)
     resolution = check_current(stack, project.lock).resolution
@@ -78,10 +76,11 @@ def verify_stack(stack: Stack, project: Project) -> layer_diff.Comparison:
     dockerfile = build.stage_context(inputs, root, resolution, cache, workdir / "context")
     request = build.build_request(stack, workdir / "context", dockerfile, tags.candidate_tag(stack, inputs.hash),
                                   True, progress)
-    return _twice(request, [stack.base.image], workdir)
+    return _twice(engine, request, [stack.base.image], workdir)
 
 
-def verify_dockerfile(dockerfile: str, context_path: str, bases: list[str], matrix: Matrix) -> layer_diff.Comparison:
+def verify_dockerfile(dockerfile: str, context_path: str, bases: list[str], matrix: Matrix,
+                      engine: StorageEngine) -> layer_diff.Comparison:
     path, context_dir = Path(dockerfile).resolve(), Path(context_path).resolve()
     if not path.is_file():
         raise UserError(f"no Dockerfile at {dockerfile}")
@@ -93,7 +92,7 @@ def verify_dockerfile(dockerfile: str, context_path: str, bases: list[str], matr
         add_hosts=network.add_hosts, secrets=network.secrets, no_cache=True,
         progress=Progress.for_environment().line,
     )
-    return _twice(request, bases or [local_base_tag(matrix.local_base["name"])],
+    return _twice(engine, request, bases or [local_base_tag(matrix.local_base["name"])],
                   _scratch(matrix.root, "dockerfile"))
 
 
@@ -114,9 +113,9 @@ def export_head(root: Path, destination: Path) -> Path:
     return destination / prefix.stdout.decode().strip()
 
 
-def _locked_image(image_id: str, root: Path, report_path: str | None) -> tuple[ImageInfo | None, BuildahEngine | None]:
-    """The locked image from buildah's storage, or what its committed build report says of it."""
-    engine = BuildahEngine(export_to_docker=False)
+def _locked_image(engine: StorageEngine, image_id: str, root: Path,
+                  report_path: str | None) -> tuple[ImageInfo | None, StorageEngine | None]:
+    """The locked image from the engine's storage, or what its committed build report says of it."""
     if engine.exists(image_id):
         return engine.inspect(image_id), engine
     report = root / report_path if report_path else None
@@ -129,8 +128,8 @@ def _locked_image(image_id: str, root: Path, report_path: str | None) -> tuple[I
     return ImageInfo(image_id, (), "", {}, layers, data.get("config") or {}), None
 
 
-def _describe_difference(expected: str, new_id: str, locked: ImageInfo | None, locked_engine: BuildahEngine | None,
-                         built: ImageInfo, fresh: BuildahEngine, mount_id: str) -> layer_diff.Comparison:
+def _describe_difference(expected: str, new_id: str, locked: ImageInfo | None, locked_engine: StorageEngine | None,
+                         built: ImageInfo, fresh: StorageEngine, mount_id: str) -> layer_diff.Comparison:
     comparison = layer_diff.Comparison(first_id=expected, second_id=new_id)
     if locked is None:
         return comparison
@@ -147,7 +146,7 @@ def _describe_difference(expected: str, new_id: str, locked: ImageInfo | None, l
     return layer_diff.Comparison(expected, new_id, layer_index=index, step=step, files=files, config_fields=fields)
 
 
-def verify_against_lock(matrix: Matrix, name: str, local_base: bool) -> layer_diff.Comparison:
+def verify_against_lock(matrix: Matrix, name: str, local_base: bool, engine: StorageEngine) -> layer_diff.Comparison:
     """Build the committed inputs of `name` once, from empty private storage, and compare the image
     with the one the committed matrix.lock records."""
     root = matrix.root
@@ -165,7 +164,7 @@ def verify_against_lock(matrix: Matrix, name: str, local_base: bool) -> layer_di
         resolution = entry.resolution
         inputs = context.build_inputs(stack, export, base_pin(stack, resolution))
         progress = Progress.for_environment()
-        fresh = BuildahEngine(storage_dir=workdir / "storage", export_to_docker=False)
+        fresh = engine.private_storage(workdir / "storage")
         fresh.check()
         built_by, locked_by = fresh.identity(), describe(image.engine)
         progress.stage(f"{stack.name}: one build of HEAD from empty storage with {built_by}, against "
@@ -176,7 +175,7 @@ def verify_against_lock(matrix: Matrix, name: str, local_base: bool) -> layer_di
         dockerfile = build.stage_context(inputs, export, resolution, cache, workdir / "context")
         request = build.build_request(stack, workdir / "context", dockerfile, tags.candidate_tag(stack, inputs.hash),
                                       True, progress)
-        bases = _export_bases([stack.base.image], workdir)
+        bases = _export_bases(engine, [stack.base.image], workdir)
         try:
             for archive in bases:
                 loaded = fresh.load(archive)
@@ -188,11 +187,11 @@ def verify_against_lock(matrix: Matrix, name: str, local_base: bool) -> layer_di
             native_id = fresh.build_native(request)
             # Layers the host's builds already rewrote are looked up: the canonical form is a function
             # of the engine's layer bytes, so only what this build made differently is read.
-            built = fresh.canonical_preview(native_id, request, known=host_canonical_index())
+            built = fresh.canonical_preview(native_id, request, known=engine.canonical_index())
             new_id = built.image_id
             if new_id == image.image_id:
                 return layer_diff.Comparison(first_id=image.image_id, second_id=new_id)
-            locked, locked_engine = _locked_image(image.image_id, export, image.report)
+            locked, locked_engine = _locked_image(engine, image.image_id, export, image.report)
             comparison = _describe_difference(image.image_id, new_id, locked, locked_engine, built, fresh, native_id)
             return replace(comparison, first_engine=f"{locked_by} (matrix.lock)", second_engine=f"{built_by} (this build)")
         finally:

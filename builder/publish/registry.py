@@ -15,8 +15,8 @@ import docker
 import docker.errors
 import requests
 
-from builder.engine.buildah import BuildahEngine
 from builder.engine.daemon import docker_client
+from builder.engine.protocol import Engine
 from builder.errors import BuildFailure, UserError, one_line
 from builder.lock import records, store
 from builder.lock.model import PushRecord
@@ -94,8 +94,10 @@ def remote_config_digest(host: str, repository: str, tag: str, credentials: regi
 
 
 def push(stack: str, registry: str, *, lock_path: Path, retry: Retry = Retry(),
-         client: docker.DockerClient | None = None) -> dict:
-    """Push the stack's immutable tag; record the registry digest in the lock once it is there."""
+         client: docker.DockerClient | None = None, engine: Engine | None = None) -> dict:
+    """Push the stack's immutable tag; record the registry digest in the lock once it is there.
+    `engine`: whose storage to push from when the Docker daemon lacks the image (the CLI's: buildah's
+    default storage, which publish/engine_push.py reads); None: the daemon only."""
     found = store.entry(stack, lock_path)
     if found is None:
         raise UserError(f"{stack} is not in matrix.lock: run `builder lock --stack {stack}`")
@@ -113,7 +115,7 @@ def push(stack: str, registry: str, *, lock_path: Path, retry: Retry = Retry(),
             local_id = client.images.get(image.image_id).id
         except docker.errors.ImageNotFound:
             raise UserError(f"{stack}: image {image.image_id} is not in the Docker daemon: build or pull it") from None
-    elif BuildahEngine(export_to_docker=False).exists(image.image_id):
+    elif engine is not None and engine.holds(image.image_id):
         local_id = image.image_id  # pushed from buildah's storage: no copy into Docker
     else:
         raise UserError(f"{stack}: image {image.image_id} is in neither the Docker daemon nor buildah's storage: "

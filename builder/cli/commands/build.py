@@ -1,6 +1,7 @@
 """`builder build`: build, smoke-test and tag stacks."""
 
 from builder.cli import arguments
+from builder.engine import get_engine
 from builder.image import build
 
 
@@ -23,7 +24,9 @@ def register(subparsers) -> None:
 def run(args) -> int:
     matrix = arguments.load(args)
     stacks = matrix.select(args.stack, args.local_base)
-    outcomes = build.build_all(stacks, args.engine, matrix.project, no_cache=args.no_cache, offline=args.offline,
+    # Delivering nowhere: --load asks this engine for its loader once the image passed.
+    engine = get_engine(args.engine, export_to_docker=False)
+    outcomes = build.build_all(stacks, engine, matrix.project, no_cache=args.no_cache, offline=args.offline,
                                resmoke=args.resmoke, load=args.load)
     for outcome in outcomes:
         print(f"{outcome.stack}: {outcome.immutable_tag} {outcome.image_id}")

@@ -1,6 +1,7 @@
 """`builder push STACK --registry R`: the immutable tag to a registry, the digest into matrix.lock."""
 
 from builder.cli import arguments
+from builder.engine import storage_engine
 from builder.publish import registry
 
 
@@ -15,6 +16,6 @@ def register(subparsers) -> None:
 def run(args) -> int:
     matrix = arguments.load(args)
     stack = matrix.stack(args.stack)
-    pushed = registry.push(stack.name, args.registry, lock_path=matrix.project.lock)
+    pushed = registry.push(stack.name, args.registry, lock_path=matrix.project.lock, engine=storage_engine())
     print(f"{stack.name}: pushed {pushed['tag']} = {pushed['reference']}")
     return 0

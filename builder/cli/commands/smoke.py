@@ -3,7 +3,7 @@ it holds IMAGE, else where `builder build` left it (buildah's storage, through p
 
 from __future__ import annotations
 
-from builder.engine import image_reference
+from builder.engine import image_reference, storage_engine
 from builder.image import smoke_gate, smoke_host
 from builder.runtime.smoke.program import CHECKS
 
@@ -24,5 +24,5 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     image = image_reference.check_reference(args.image)
-    with smoke_host.client_for(image) as client:
+    with smoke_host.client_for(image, storage_engine()) as client:
         return smoke_gate.smoke(image, args.gpus, args.json_path, args.only, client)

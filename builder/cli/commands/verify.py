@@ -1,6 +1,7 @@
 """`builder verify`: build twice from an empty cache and compare digests."""
 
 from builder.cli import arguments
+from builder.engine import storage_engine
 from builder.image import verify
 from builder.errors import UserError
 
@@ -28,12 +29,12 @@ def run(args) -> int:
         raise UserError("give a stack or --dockerfile, not both or neither")
     if args.against_lock and not args.stack:
         raise UserError("--against-lock needs a stack")
+    engine = storage_engine()
     if args.against_lock:
-        comparison = verify.verify_against_lock(arguments.load(args), args.stack, args.local_base)
+        comparison = verify.verify_against_lock(arguments.load(args), args.stack, args.local_base, engine)
     elif args.stack:
         matrix = arguments.load(args)
-        comparison = verify.verify_stack(matrix.select([args.stack], args.local_base)[0], matrix.project)
+        comparison = verify.verify_stack(matrix.select([args.stack], args.local_base)[0], matrix.project, engine)
     else:
-        comparison = verify.verify_dockerfile(args.dockerfile, args.context, args.base,
-                                                       arguments.load(args))
+        comparison = verify.verify_dockerfile(args.dockerfile, args.context, args.base, arguments.load(args), engine)
     return verify.report(comparison)
