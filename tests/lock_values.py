@@ -39,7 +39,7 @@ def system_packages_of(spec):
     """Locked system packages of exactly the requested names (no closure), as `builder lock` records them
     without an archive; each file's hash is made up from its name."""
     from builder.lock.system_packages import DebArchive, DebPackage, SystemPackages
-    archive = DebArchive("http://127.0.0.1:9/debian", spec.suite, ("main",), "Thu, 01 Jan 2026 00:00:00 UTC", "")
+    archive = DebArchive("debian", spec.suite, ("main",), "Thu, 01 Jan 2026 00:00:00 UTC", "")
     packages = tuple(DebPackage(name, "1.0", spec.architecture, f"pool/main/{name}_1.0_{spec.architecture}.deb",
                                 100, hashlib.sha256(name.encode()).hexdigest(), 0) for name in sorted(spec.packages))
     return SystemPackages(spec.distribution, spec.architecture, spec.scope, spec.packages, (archive,), packages)

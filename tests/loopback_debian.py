@@ -32,7 +32,7 @@ def real_debs(extra: tuple[str, ...] = ()) -> list[Path]:
     spec = AptSpec("debian", SUITE, tuple(sorted({*DEFAULT_PACKAGES, *extra})), "root")
     locked = debian_archive.resolve(spec)
     cache = DebCache()
-    cache.fill(locked, "test mirror")
+    cache.fill(locked, "test mirror", lambda: debian_archive.fetch_sources(spec))
     return [cache.path(package) for package in locked.packages]
 
 

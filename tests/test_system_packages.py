@@ -9,7 +9,9 @@ an empty cache, while `builder lock` names the version change and makes the new 
 
 from __future__ import annotations
 
+import hashlib
 import re
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -81,11 +83,15 @@ def test_a_moved_archive_still_gives_the_locked_base_and_relocking_says_what_mov
         resolution = _resolution(project)
         locked = resolution.system_packages
         assert {p.basename for p in locked.packages} == {deb.name for deb in debs}
+        # The archive by name, suite, signed state and snapshot; the mirror that served it is not recorded.
+        with urllib.request.urlopen(f"{mirror.uri}/dists/bookworm/InRelease") as response:
+            in_release = hashlib.sha256(response.read()).hexdigest()
         assert locked.archives == (locked_debs.DebArchive(
-            mirror.uri, "bookworm", ("main",), FIRST_DATE, f"{server.url}/snapshot/debian/{FIRST_STAMP}"),)
+            "debian", "bookworm", ("main",), FIRST_DATE, f"{server.url}/snapshot/debian/{FIRST_STAMP}", in_release),)
+        assert mirror.uri not in (project.root / "matrix.lock").read_text()
         digest = resolution.base.image_id
         assert digest.startswith("sha256:")
-        assert f"{len(debs)} system packages locked from {mirror.source_line}" in first.stdout
+        assert f"{len(debs)} system packages locked from debian bookworm" in first.stdout
         assert f"{BASE_NAME} base: none -> {digest}" in first.stdout
 
         # The archive moves: a newer libnuma1 under the same name; the old file is only in the snapshot.
@@ -130,7 +136,7 @@ def test_d_a_tampered_deb_is_refused_by_its_hash_in_one_line(debs, tmp_path):
         served.write_bytes(served.read_bytes()[:-16] + b"\0" * 16)  # same name and size, other bytes
         cache = DebCache(tmp_path / "cache")
         with pytest.raises(BuildFailure) as refused:
-            cache.fill(locked, "row")
+            cache.fill(locked, "row", lambda: spec.sources)
         message = str(refused.value)
         assert "\n" not in message
         assert message.startswith(f"row: {mirror.uri}/{victim.filename} is not the locked libnuma1=")
@@ -181,7 +187,7 @@ def test_c_no_rendered_dockerfile_runs_apt():
 
 
 def test_version_changes_name_each_move():
-    archive = locked_debs.DebArchive("http://127.0.0.1:9/debian", "bookworm", ("main",), FIRST_DATE, "")
+    archive = locked_debs.DebArchive("debian", "bookworm", ("main",), FIRST_DATE, "")
 
     def packages(**versions):
         return locked_debs.SystemPackages("debian", "amd64", "root", (), (archive,), tuple(
@@ -191,3 +197,27 @@ def test_version_changes_name_each_move():
     old, new = packages(a="1", b="2", c="3"), packages(a="1", b="2.1", d="4")
     assert locked_debs.version_changes(old, new) == ["b 2 -> 2.1", "c 3 -> (none)", "d (none) -> 4"]
     assert locked_debs.SystemPackages.from_dict(new.to_dict()) == new
+
+
+def test_the_lock_names_the_archive_and_reads_what_older_locks_wrote():
+    """An entry locked behind an internal mirror recorded that mirror's address; read back, it names only
+    the archive, and the next write leaves the address out. The committed lock holds none."""
+    older = {"uri": "http://apt-cache.internal.example:3142/debian-security", "suite": "bookworm-security",
+             "components": ["main"], "date": FIRST_DATE, "snapshot": ""}
+    archive = locked_debs.DebArchive.from_dict(older)
+    assert (archive.name, archive.suite, archive.in_release) == ("debian-security", "bookworm-security", "")
+    assert "internal" not in str(archive.to_dict()) and "uri" not in archive.to_dict()
+    committed = (REPO / "matrix.lock").read_text()
+    assert '"uri":' not in committed.split('"system_packages"', 1)[-1]
+
+
+def test_a_fetch_takes_the_mirror_from_the_sources_by_archive_and_suite(tmp_path):
+    archive = locked_debs.DebArchive("debian-security", "bookworm-security", ("main",), FIRST_DATE, "")
+    lines = ("deb http://127.0.0.1:9/debian bookworm main",
+             "deb http://127.0.0.1:9/debian-security bookworm-security main")
+    assert debian_archive.mirror_for(archive, lines) == "http://127.0.0.1:9/debian-security"
+    assert debian_archive.mirror_for(archive, lines[:1]) is None
+    with pytest.raises(UserError, match="no apt source serves debian-security bookworm-security, and it has no snapshot"):
+        DebCache(tmp_path / "cache").fill(locked_debs.SystemPackages(
+            "debian", "amd64", "added", ("xz",), (archive,),
+            (locked_debs.DebPackage("xz", "1", "amd64", "pool/main/x/xz_1_amd64.deb", 1, "0" * 64, 0),)), "row")

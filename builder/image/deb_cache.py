@@ -19,6 +19,7 @@ import tempfile
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 
 from builder import paths
@@ -26,6 +27,7 @@ from builder.errors import BuildFailure, UserError
 from builder.files import link_or_copy
 from builder.image import content_check
 from builder.lock.system_packages import DebPackage, SystemPackages
+from builder.publish.debian_archive import mirror_for
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _PLAIN_DEB = re.compile(r"[a-z0-9][a-z0-9+.-]+_[A-Za-z0-9.+~-]+_[a-z0-9-]+\.deb")
@@ -69,16 +71,23 @@ class DebCache:
                             f"{len(locked.packages)} locked packages ({names}): run `builder fetch` where the "
                             f"archive is reachable and bring the cache")
 
-    def fill(self, locked: SystemPackages, what: str) -> DebFillReport:
-        """Download every missing .deb once: from the recorded mirror, else its snapshot."""
+    def fill(self, locked: SystemPackages, what: str, sources: Callable[[], tuple[str, ...]] = tuple) -> DebFillReport:
+        """Download every missing .deb once: from the mirror `sources()` names for its archive (apt's
+        configuration where the fetch runs: the lock names no mirror), else the archive's snapshot."""
         absent = self.missing(locked)
+        lines = sources() if absent else ()
         downloaded = from_snapshot = size = 0
         for package in absent:
             archive = locked.archive_of(package)
-            urls = [f"{archive.uri}/{package.filename}"]
+            mirror = mirror_for(archive, lines)
+            urls = [f"{mirror}/{package.filename}"] if mirror else []
             if archive.snapshot:
                 urls.append(f"{archive.snapshot}/{package.filename}")
-            from_snapshot += self._store(package, urls, what) > 0
+            if not urls:
+                raise UserError(f"{what}: no apt source serves {archive.name} {archive.suite}, and it has no "
+                                f"snapshot archive: name one in the matrix's `sources`")
+            position = self._store(package, urls, what)
+            from_snapshot += bool(archive.snapshot) and position == len(urls) - 1
             downloaded += 1
             size += package.size
         return DebFillReport(len(locked.packages), downloaded, size, from_snapshot)

@@ -42,6 +42,7 @@ from builder.engine.protocol import Engine
 from builder.image import dpkg
 from builder.image.deb_cache import DebCache
 from builder.lock.system_packages import SystemPackages
+from builder.publish.debian_archive import mirror_for
 from builder.errors import BuildFailure, UserError
 from builder.files import sha256_file
 from builder.paths import local_base_tag
@@ -141,8 +142,21 @@ def local_repository(spec: BaseSpec, locked: SystemPackages, cache: DebCache, di
     return directory
 
 
+def apt_sources(locked: SystemPackages, source_lines: tuple[str, ...]) -> list[str]:
+    """The base's /etc/apt/sources.list: each locked archive from the mirror apt's configuration names for
+    it (the lock names none), else its snapshot."""
+    lines = []
+    for archive in locked.archives:
+        uri = mirror_for(archive, source_lines) or archive.snapshot
+        if not uri:
+            raise UserError(f"no apt source serves {archive.name} {archive.suite}, and it has no snapshot "
+                            f"archive: name one in the matrix's `sources`")
+        lines.append(archive.source_line(uri))
+    return lines
+
+
 def build_rootfs(
-    spec: BaseSpec, output: Path, locked: SystemPackages, cache: DebCache,
+    spec: BaseSpec, output: Path, locked: SystemPackages, cache: DebCache, source_lines: tuple[str, ...] = (),
     on_line: Callable[[str], None] | None = None,
 ) -> None:
     """Run mmdebstrap into `output` from the locked .debs; the file appears only when complete (Ctrl-C
@@ -157,7 +171,7 @@ def build_rootfs(
     with tempfile.TemporaryDirectory(dir=output.parent, prefix=".repository-") as scratch:
         repository = local_repository(spec, locked, cache, Path(scratch) / "repo")
         sources_list = Path(scratch) / "sources.list"
-        sources_list.write_text("".join(f"{archive.line}\n" for archive in locked.archives))
+        sources_list.write_text("".join(f"{line}\n" for line in apt_sources(locked, source_lines)))
         try:
             with subprocess.Popen(
                 mmdebstrap_command(spec, partial, repository, sources_list),
@@ -285,23 +299,25 @@ def make_base(
     engine: Engine | None = None,
     check_reproducible: bool = False,
     on_line: Callable[[str], None] | None = None,
+    sources: Callable[[], tuple[str, ...]] = tuple,
 ) -> BaseResult:
     """Build the base from the locked .debs (twice when check_reproducible), write it to output_dir, load it
     into engine. The cache gets the .debs it lacks first."""
     output_dir = Path(output_dir).resolve()  # apt reads the local repository by an absolute copy:// URL
     output_dir.mkdir(parents=True, exist_ok=True)
-    cache.fill(locked, "base")
+    source_lines = sources()
+    cache.fill(locked, "base", lambda: source_lines)
     stem = f"base-{spec.suite}-{spec.architecture}"
     archive_path = output_dir / f"{stem}.docker.tar"
     with tempfile.TemporaryDirectory(dir=output_dir, prefix=".rootfs-") as scratch:
         rootfs = Path(scratch) / "rootfs.tar"
         started = time.monotonic()
-        build_rootfs(spec, rootfs, locked, cache, on_line)
+        build_rootfs(spec, rootfs, locked, cache, source_lines, on_line)
         mmdebstrap_s = time.monotonic() - started
         diff_id = sha256_file(rootfs)
         if check_reproducible:
             again = Path(scratch) / "rootfs-again.tar"
-            build_rootfs(spec, again, locked, cache, on_line)
+            build_rootfs(spec, again, locked, cache, source_lines, on_line)
             again_id = sha256_file(again)
             if again_id != diff_id:
                 raise BuildFailure(

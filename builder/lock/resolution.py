@@ -118,7 +118,7 @@ def _moved_lines(stack: Stack, old: SystemPackages | None, new: SystemPackages) 
     """Each system package whose version moved since the last lock (one line when there was none)."""
     if old is None:
         return [f"{stack.name}: {len(new.packages)} system packages locked from "
-                f"{', '.join(archive.line for archive in new.archives)}"]
+                f"{', '.join(f'{archive.name} {archive.suite}' for archive in new.archives)}"]
     return [f"{stack.name}: system package {change}" for change in version_changes(old, new)]
 
 

@@ -5,29 +5,42 @@
 
 from __future__ import annotations
 
+import urllib.parse
 from dataclasses import dataclass
+
+
+def archive_name(uri: str) -> str:
+    """The archive a source's URI serves, as its last path part: debian, debian-security, ubuntu. The
+    snapshot archives are laid out by that name too."""
+    return urllib.parse.urlsplit(uri).path.rstrip("/").rsplit("/", 1)[-1]
+
 
 @dataclass(frozen=True)
 class DebArchive:
-    """One apt source as it was when locked."""
+    """One apt source as it was when locked, named by the archive and its signed state, not by the
+    mirror that served it: which mirror to fetch from is apt's configuration where the fetch runs (the
+    matrix's `sources`, else mmdebstrap's defaults), and a lock made behind an internal mirror names none."""
 
-    uri: str  # the mirror, e.g. apt's default for the suite or a loopback mirror
+    name: str  # archive_name() of the source's URI
     suite: str
     components: tuple[str, ...]
     date: str  # InRelease's Date field, verbatim
     snapshot: str  # the snapshot archive's URL of this state ("" where the distribution has none)
+    in_release: str = ""  # sha256 of the verified InRelease; "" in entries locked before it was recorded
 
-    @property
-    def line(self) -> str:
-        return f"deb {self.uri} {self.suite} {' '.join(self.components)}"
+    def source_line(self, uri: str) -> str:
+        return f"deb {uri} {self.suite} {' '.join(self.components)}"
 
     def to_dict(self) -> dict:
-        return {"uri": self.uri, "suite": self.suite, "components": list(self.components), "date": self.date,
-                "snapshot": self.snapshot}
+        return {"name": self.name, "suite": self.suite, "components": list(self.components), "date": self.date,
+                "snapshot": self.snapshot, "in_release": self.in_release}
 
     @classmethod
     def from_dict(cls, data: dict) -> "DebArchive":
-        return cls(data["uri"], data["suite"], tuple(data["components"]), data["date"], data["snapshot"])
+        # Locks written before the archive was named recorded the mirror's URI: its name is read from it.
+        name = data["name"] if "name" in data else archive_name(data["uri"])
+        return cls(name, data["suite"], tuple(data["components"]), data["date"], data["snapshot"],
+                   data.get("in_release", ""))
 
 
 @dataclass(frozen=True)

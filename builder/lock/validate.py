@@ -31,6 +31,7 @@ DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 DEB_FILE = re.compile(r"[a-z0-9][a-z0-9+.-]+_[A-Za-z0-9.+~-]+_[a-z0-9-]+\.deb")
 DEB_VERSION = re.compile(r"(?:[0-9]+:)?[0-9][A-Za-z0-9.+~-]*")
 _POOL_PART = re.compile(r"[A-Za-z0-9][A-Za-z0-9.+~_-]*")
+_ARCHIVE_NAME = re.compile(r"[a-z0-9][a-z0-9.-]*")  # the last path part of an archive's URI: debian-security
 _RECORD_PART = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._+-]*")
 _TAG = re.compile(r"[A-Za-z0-9._/:-]+")
 
@@ -109,7 +110,10 @@ def _system_packages(system) -> list[str]:
         return []
     problems = []
     for index, archive in enumerate(system.archives):
-        problems += _url(archive.uri, f"system_packages.archives[{index}].uri", signed_archive=True)
+        if not isinstance(archive.name, str) or not _ARCHIVE_NAME.fullmatch(archive.name):
+            problems.append(f"system_packages.archives[{index}].name is not an archive's name (debian, ubuntu, ...)")
+        if archive.in_release:
+            problems += _hex(archive.in_release, f"system_packages.archives[{index}].in_release")
         if archive.snapshot:
             problems += _url(archive.snapshot, f"system_packages.archives[{index}].snapshot", signed_archive=True)
     for package in system.packages:

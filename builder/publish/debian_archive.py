@@ -2,7 +2,9 @@
 
 `builder lock` gives every row the .deb files its system packages come from, each by name, version,
 architecture, size and sha256, with their whole dependency closure and the archive state they were
-read from (source line, InRelease date, and the snapshot-archive URL of that state):
+read from (the archive's name, suite and components, InRelease date and sha256, and the
+snapshot-archive URL of that state; never the mirror that served it, which `builder fetch` takes
+from apt's configuration: the matrix's `sources`, else mmdebstrap's defaults):
 
 1. Each source's InRelease is downloaded and verified with gpgv against the distribution's keyring
    (builder/config/apt_archives.toml, or the matrix's `keyring`); only the text gpgv vouches for is
@@ -40,7 +42,7 @@ from pathlib import Path
 from builder.config.stack import AptSpec
 from builder.engine import host_network
 from builder.errors import BuildFailure, UserError
-from builder.lock.system_packages import DebArchive, DebPackage, SystemPackages
+from builder.lock.system_packages import DebArchive, DebPackage, SystemPackages, archive_name
 
 _ARCHIVES_DATA = Path(__file__).resolve().parent.parent / "config" / "apt_archives.toml"
 _TIMEOUT_S = 60
@@ -78,8 +80,7 @@ class Distribution:
         if not self.snapshot:
             return ""
         when = email.utils.parsedate_to_datetime(date).astimezone(datetime.timezone.utc)
-        archive = urllib.parse.urlsplit(uri).path.rstrip("/").rsplit("/", 1)[-1]
-        return self.snapshot.format(archive=archive, timestamp=when.strftime("%Y%m%dT%H%M%SZ"))
+        return self.snapshot.format(archive=archive_name(uri), timestamp=when.strftime("%Y%m%dT%H%M%SZ"))
 
 
 def distribution(spec: AptSpec) -> Distribution:
@@ -321,8 +322,9 @@ def resolve(spec: AptSpec) -> SystemPackages:
         wanted = list(spec.packages) + ([MERGED_USR_PACKAGE] if spec.scope == "root" else [])
         added = apt.to_download("install", *wanted) if wanted else []
     chosen = (base + added) if spec.scope == "root" else added
-    archives = tuple(DebArchive(index.source.uri, index.source.suite, index.source.components, index.date,
-                                facts.snapshot_url(index.source.uri, index.date)) for index in indexes)
+    archives = tuple(DebArchive(archive_name(index.source.uri), index.source.suite, index.source.components,
+                                index.date, facts.snapshot_url(index.source.uri, index.date),
+                                hashlib.sha256(index.inrelease).hexdigest()) for index in indexes)
     packages = {}
     for number, stanza in chosen:
         package = DebPackage(stanza["Package"], stanza["Version"], stanza["Architecture"], stanza["Filename"],
@@ -330,3 +332,26 @@ def resolve(spec: AptSpec) -> SystemPackages:
         packages[package.name] = package  # an upgrade of a base package replaces it
     return SystemPackages(spec.distribution, spec.architecture, spec.scope, tuple(spec.packages), archives,
                           tuple(packages[name] for name in sorted(packages)))
+
+
+# --- where the locked archives are fetched from ----------------------------------------------------
+
+
+def fetch_sources(spec: AptSpec) -> tuple[str, ...]:
+    """The apt source lines a fetch reads the locked .debs from: the matrix's `sources`, else
+    mmdebstrap's defaults for the suite; none when mmdebstrap is not here (the snapshot archive serves)."""
+    if spec.sources:
+        return spec.sources
+    try:
+        return default_sources(spec.suite)
+    except UserError:
+        return ()
+
+
+def mirror_for(archive: DebArchive, source_lines: tuple[str, ...]) -> str | None:
+    """The URI of the source line that serves `archive` (its name and suite), if one does."""
+    for line in source_lines:
+        source = AptSource.parse(line)
+        if archive_name(source.uri) == archive.name and source.suite == archive.suite:
+            return source.uri
+    return None

@@ -13,6 +13,7 @@ from builder.image.local_base import DEFAULT_PACKAGES, BaseSpec, check_locked, m
 from builder.lock import store
 from builder.lock.resolution import record_base
 from builder.lock.system_packages import SystemPackages
+from builder.publish import debian_archive
 from builder.errors import UserError
 from builder.config.matrix import Matrix, load_matrix
 from builder.paths import LOCAL_BASE_REPOSITORY, local_base_tag
@@ -124,7 +125,9 @@ def make_and_record(spec: BaseSpec, matrix: Matrix, output: Path, engine, check_
     locked = check_locked(spec, locked_packages(matrix))
     if engine is not None:
         engine.check()
-    result = make_base(spec, output, locked, DebCache(), engine=engine, check_reproducible=check_reproducible)
+    apt = next((stack.base.apt for stack in matrix.all_rows() if stack.base.local and stack.base.apt), None)
+    result = make_base(spec, output, locked, DebCache(), engine=engine, check_reproducible=check_reproducible,
+                       sources=lambda: debian_archive.fetch_sources(apt) if apt else ())
     print(f"base {result.tag}: {result.image_id}")
     print(f"  archive {result.archive} (layer {result.rootfs_sha256}, {result.rootfs_bytes} bytes)")
     if engine is not None:

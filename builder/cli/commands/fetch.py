@@ -3,6 +3,7 @@
 from builder.cli import arguments
 from builder.engine.progress import Progress
 from builder.image import build, deb_cache, wheel_cache
+from builder.publish import debian_archive
 from builder.lock.resolution import check_current
 
 
@@ -26,7 +27,7 @@ def run(args) -> int:
               f"({fetched.downloaded} downloaded, {fetched.downloaded_bytes} bytes)")
         locked = resolution.system_packages  # the local base's too: `builder base` needs them
         if locked is not None:
-            got = debs.fill(locked, stack.name)
+            got = debs.fill(locked, stack.name, lambda: debian_archive.fetch_sources(stack.base.apt))
             print(f"{stack.name}: {got.wanted} locked .debs in {debs.root} ({got.downloaded} downloaded, "
                   f"{got.downloaded_bytes} bytes, {got.from_snapshot} from the snapshot archive)")
     return 0
