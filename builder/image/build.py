@@ -17,7 +17,6 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
-from builder.engine import delivery
 from builder.image import (context, deb_cache, immutable, provenance, render, sbom, smoke_gate, smoke_host, tags,
                            wheel_cache)
 from builder.lock import records
@@ -25,7 +24,6 @@ from builder.lock.model import ImageRecord, LockEntry, Resolution
 from builder.lock.resolution import base_pin, check_current
 from builder.lock.system_packages import SystemPackages
 from builder.publish import debian_archive
-from builder.engine import get_engine
 from builder.engine.protocol import BuildRequest, BuildResult, Engine
 from builder.errors import BuildFailure, UserError
 from builder.files import write_atomic
@@ -195,27 +193,6 @@ def _smoke(stack: Stack, entry: LockEntry, image_id: str, candidate: str, resmok
     return replace(report, image=image_id).to_dict()
 
 
-def docker_loader(engine: Engine) -> Engine | None:
-    """`--load`, as buildx: the engine that also puts the image into the Docker daemon, or None where
-    the image is built there already."""
-    if engine.name != "buildah":
-        return None
-    from builder.engine.buildah import BuildahEngine
-
-    return BuildahEngine(storage_dir=engine.storage_dir, export_to_docker=True)
-
-
-def load_into_docker(loader: Engine, result: BuildResult, tag_names: list[str]) -> int:
-    """The passed image into the Docker daemon under its tags: only the layers it lacks. The bytes moved."""
-    missing = 0
-    if loader.daemon.image_id(result.image_id) is None:
-        skip = delivery.layers_to_skip([l.diff_id for l in result.layers], delivery.held_chains(loader.daemon.client))
-        missing = sum(layer.size or 0 for layer in result.layers if layer.diff_id not in skip)
-    for name in tag_names:
-        loader.tag(name, name)
-    return missing
-
-
 def build_stack(stack: Stack, engine: Engine, progress: Progress, project: Project, no_cache: bool = False,
                 cache: wheel_cache.WheelCache | None = None, offline: bool = False,
                 resmoke: bool = False, load: bool = False) -> BuildOutcome:
@@ -247,7 +224,8 @@ def _build_stack(stack: Stack, engine: Engine, progress: Progress, project: Proj
     progress.stage(f"{stack.name}: building {immutable_tag}")
     result = _build_in_context(engine, stack, inputs, root, resolution, cache, candidate, no_cache, progress)
     durations.update(build=result.duration_s, canonical_export=result.canonical_s, deliver_to_docker=result.deliver_s)
-    loader = docker_loader(engine) if load else None
+    # `--load`, as buildx: the engine's own answer (None where it builds in the Docker daemon already).
+    loader = engine.docker_loader() if load else None
     try:
         for store in (engine, loader) if loader else (engine,):
             immutable.check(store, immutable_tag, result.image_id, result.identity, entry.outcome.image)
@@ -262,7 +240,7 @@ def _build_stack(stack: Stack, engine: Engine, progress: Progress, project: Proj
     delivered = result.delivered_bytes
     if loader:
         loaded = time.monotonic()
-        delivered = load_into_docker(loader, result, [immutable_tag, moving])
+        delivered = loader.load_into_docker(result, [immutable_tag, moving])
         durations["deliver_to_docker"] = round(time.monotonic() - loaded, 1)
     write_report(report_path, stack, inputs, result, engine.inspect(result.image_id).config, smoke_result,
                  [immutable_tag, moving])
@@ -290,11 +268,11 @@ def _build_stack(stack: Stack, engine: Engine, progress: Progress, project: Proj
 
 
 
-def build_all(stacks: tuple[Stack, ...], engine_name: str, project: Project, no_cache: bool = False,
+def build_all(stacks: tuple[Stack, ...], engine: Engine, project: Project, no_cache: bool = False,
               offline: bool = False, resmoke: bool = False, load: bool = False) -> list[BuildOutcome]:
+    """`engine` delivers nowhere (the CLI's get_engine(..., export_to_docker=False)): `load` asks it for a loader."""
     if not stacks:
         raise UserError("no stack selected")
-    engine = get_engine(engine_name, export_to_docker=False)
     engine.check()
     progress = Progress.for_environment()
     cache = wheel_cache.WheelCache()
