@@ -322,7 +322,7 @@ def test_a_planted_wrong_hash_deb_is_removed_and_reported_as_missing(tmp_path, c
     package = DebPackage("demo", "1.0", "amd64", "pool/main/d/demo/demo_1.0_amd64.deb", len(content),
                          hashlib.sha256(content).hexdigest(), 0)
     locked = SystemPackages("debian", "amd64", "root", ("demo",),
-                            (DebArchive("http://127.0.0.1:9/debian", "bookworm", ("main",), "", ""),), (package,))
+                            (DebArchive("debian", "bookworm", ("main",), "", ""),), (package,))
     cache = deb_cache.DebCache(tmp_path / "debs")
     cache.path(package).parent.mkdir(parents=True)
     cache.path(package).write_bytes(b"planted!!!!!")  # same size, other bytes
