@@ -25,7 +25,7 @@ from builder.image.local_base import BaseSpec, make_base
 from builder.config.matrix import load_matrix
 from engine_helpers import BASE_EPOCH, TEST_BASE_TAG
 from checkouts import REPO, run_builder
-from lock_values import base_digest_of, locked_base_packages, resolution_of, system_packages_of
+from lock_values import base_digest_of, locked_base_packages, locked_base_spec, resolution_of, system_packages_of
 from registries import registry_image
 
 BUILT_STACK = "sglang-0.5.9-cu128-local"
@@ -114,7 +114,7 @@ def base_image(tmp_path_factory):
     once per session (its own date, so its id differs from the base real builds use)."""
     output = tmp_path_factory.mktemp("base")
     engine = BuildahEngine()
-    result = make_base(BaseSpec(source_date_epoch=BASE_EPOCH, tag=TEST_BASE_TAG), output, locked_base_packages(),
+    result = make_base(locked_base_spec(source_date_epoch=BASE_EPOCH, tag=TEST_BASE_TAG), output, locked_base_packages(),
                        DebCache(), engine=engine)
     engine.daemon.load(result.archive)
     return result

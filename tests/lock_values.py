@@ -51,6 +51,13 @@ def locked_base_packages():
     return store.entry("sglang-0.5.9-cu128-local", REPO / "matrix.lock").resolution.system_packages
 
 
+def locked_base_spec(**fields):
+    """A BaseSpec asking for the packages the lock's base was resolved from, so mmdebstrap installs exactly
+    the locked closure (the matrix's [local_base] list, not the builder's built-in default)."""
+    from builder.image.local_base import BaseSpec
+    return BaseSpec(packages=locked_base_packages().requested, **fields)
+
+
 def bench_report(mode="eagle3", tok_s=55.0, verdict="pass", stack="sglang-0.5.9-cu128"):
     """Shaped as builder/runtime/serve/bench.py writes it (schema 1)."""
     return {"schema": 1, "stack": stack, "mode": mode, "model": "/models/test", "gpus": ["NVIDIA RTX PRO 6000 Blackwell"] * 8,

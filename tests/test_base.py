@@ -21,7 +21,7 @@ from builder.image.local_base import (
 )
 from builder.cli.commands.base import spec_from_args
 from builder.image.deb_cache import DebCache
-from lock_values import locked_base_packages
+from lock_values import locked_base_packages, locked_base_spec
 from builder.engine.buildah import BuildahEngine
 from builder.config.matrix import load_matrix
 from builder.engine.daemon import DockerDaemon
@@ -173,7 +173,7 @@ def test_real_base_is_reproducible_and_loaded_everywhere(base_image, tmp_path, m
     # A second, independent mmdebstrap run gives the same tarball and so the same digest, into a relative
     # folder as `builder base`'s default output is (build/base).
     monkeypatch.chdir(tmp_path)
-    again = make_base(BaseSpec(source_date_epoch=BASE_EPOCH, tag=TEST_BASE_TAG), Path("."), locked_base_packages(),
+    again = make_base(locked_base_spec(source_date_epoch=BASE_EPOCH, tag=TEST_BASE_TAG), Path("."), locked_base_packages(),
                       DebCache())
     assert again.rootfs_sha256 == base_image.rootfs_sha256
     assert again.image_id == base_image.image_id
@@ -192,4 +192,5 @@ def test_real_base_is_reproducible_and_loaded_everywhere(base_image, tmp_path, m
             paths = layer.getnames()
     assert "./etc/hostname" not in paths and "./etc/resolv.conf" not in paths
     assert not [p for p in paths if p.startswith("./usr/share/man/") and not p.endswith("/")]
-    assert base_image.rootfs_bytes < 160 * 1024 * 1024
+    # About 150 MB of Debian's Python and libraries, and about 200 MB of g++ (nvcc's host compiler).
+    assert base_image.rootfs_bytes < 400 * 1024 * 1024
