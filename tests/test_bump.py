@@ -7,6 +7,7 @@ import json
 import re
 import shutil
 import subprocess
+import tempfile
 import sys
 from pathlib import Path
 
@@ -33,7 +34,31 @@ def project(tmp_path):
         shutil.copy(REPO / name, tmp_path / name)
     for name in ("patches", "templates", "bench", "images"):
         shutil.copytree(REPO / name, tmp_path / name)
-    return tmp_path
+    return before_cuda13(tmp_path)
+
+
+CUDA13_FAMILY = "sglang-0.5.23"
+
+
+def before_cuda13(root: Path) -> Path:
+    """The project as it was before the sglang-0.5.23 family joined the matrix (what these bumps start
+    from): its [[stack]], lock rows, patch series and rendered images taken out of the copy at `root`."""
+    from builder.bump.stack_text import family_block
+    from builder.lock import store
+
+    lines = (root / "matrix.toml").read_text().splitlines(keepends=True)
+    start, end = family_block(lines, CUDA13_FAMILY)
+    while start > 0 and (lines[start - 1].lstrip().startswith("#") or not lines[start - 1].strip()):
+        start -= 1  # the comments above it are its own
+    (root / "matrix.toml").write_text("".join(lines[:start] + lines[end:]).rstrip("\n") + "\n")
+    lock = store.read(root / "matrix.lock")
+    for name in [n for n in lock.stacks if n.startswith(CUDA13_FAMILY + "-")]:
+        del lock.stacks[name]
+    (root / "matrix.lock").write_text(store.dumps(lock))
+    shutil.rmtree(root / "patches" / "sglang" / "0.5.23", ignore_errors=True)
+    for rendered in (root / "images").glob(CUDA13_FAMILY + "-*"):
+        shutil.rmtree(rendered)
+    return root
 
 
 def _bump(project: Path, *args: str) -> subprocess.CompletedProcess:
@@ -46,9 +71,18 @@ def _refused(project: Path, result: subprocess.CompletedProcess, words: str) -> 
     assert result.stdout == ""
     lines = result.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("builder: error: ") and words in lines[0], lines
-    assert (project / "matrix.toml").read_bytes() == (REPO / "matrix.toml").read_bytes()
-    assert (project / "matrix.lock").read_bytes() == (REPO / "matrix.lock").read_bytes()
+    with tempfile.TemporaryDirectory() as scratch:
+        untouched = before_cuda13(shutil.copytree(REPO, Path(scratch) / "untouched", ignore=_only_inputs))
+        assert (project / "matrix.toml").read_bytes() == (untouched / "matrix.toml").read_bytes()
+        assert (project / "matrix.lock").read_bytes() == (untouched / "matrix.lock").read_bytes()
     assert sorted(p.name for p in (project / "patches" / "sglang").iterdir()) == ["0.5.9"]
+
+
+def _only_inputs(directory: str, names: list[str]) -> list[str]:
+    """shutil.copytree's ignore: of the repository, only what `project` copies."""
+    if Path(directory) == REPO:
+        return [n for n in names if n not in ("matrix.toml", "matrix.lock", "patches", "images")]
+    return []
 
 
 @pytest.mark.parametrize("args, words", [
@@ -180,7 +214,9 @@ def _recorded_old_image(root: Path) -> None:
 
 
 def test_report_lists_versions_rows_pins_verdicts_decisions_and_both_images(tmp_path):
-    shutil.copy(REPO / "matrix.lock", tmp_path / "matrix.lock")
+    for name in ("matrix.toml", "matrix.lock"):
+        shutil.copy(REPO / name, tmp_path / name)
+    before_cuda13(tmp_path)  # the candidate as the bump wrote it: not built yet
     _recorded_old_image(tmp_path)
     text = bump_report.markdown(_record(), tmp_path, tmp_path / "matrix.lock")
     assert text.startswith("# Bump: sglang-0.5.9 -> sglang-0.5.23\n")
@@ -236,7 +272,7 @@ def _clone(tmp_path: Path) -> Path:
     for name in filter(None, tracked.decode().split("\0")):
         if (REPO / name).is_file():
             shutil.copy2(REPO / name, clone / name)
-    return clone
+    return before_cuda13(clone)
 
 
 def _cli(clone: Path, *args: str, env: dict) -> subprocess.CompletedProcess:
@@ -366,6 +402,7 @@ def test_missing_wheel_facts_name_the_command_that_generates_them(tmp_path):
     for name in ("matrix.toml", "matrix.lock"):
         shutil.copy(REPO / name, tmp_path / name)
     shutil.copytree(REPO / "patches", tmp_path / "patches")
+    before_cuda13(tmp_path)  # its facts are the generated ones this test starts without
     text = (tmp_path / "matrix.toml").read_text().replace('sglang = { version = "0.5.9" }', 'sglang = { version = "0.5.8" }')
     (tmp_path / "matrix.toml").write_text(text)
     env = {**os.environ, "BUILDER_COMPAT_FACTS": str(tmp_path / "facts.toml")}
