@@ -179,7 +179,7 @@ def bump(matrix_path: str, pins: list[str], from_stack: str, name: str | None = 
     lines = matrix.path.read_text(encoding="utf-8").splitlines()
     start, end = stack_text.family_block(lines, from_stack)
     block = stack_text.stack_text(
-        name=candidate, description=f"Candidate from {from_stack} ({', '.join(pins)}) by `builder bump`",
+        name=candidate, description=f"Candidate from {from_stack} ({', '.join(pins)}) by builder bump",
         target_arch=old.target_arch, patched=patched, common=common, overrides=record["overrides"], axes=axes,
         copied=stack_text.copied_sections(lines[start:end]),
         preamble=[f"Candidate written by `{command}`; report: {report_path.relative_to(matrix.root)}.",
