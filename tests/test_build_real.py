@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -21,6 +22,7 @@ from builder.engine import get_engine
 from builder.engine.buildah import BuildahEngine
 from builder.engine.protocol import BuildRequest
 from builder.config.matrix import load_matrix
+from builder.paths import RUNTIME_UID
 from checkouts import run_builder
 
 pytestmark = [pytest.mark.engine, pytest.mark.network, pytest.mark.slow]
@@ -161,6 +163,7 @@ def _bench_in_image(image_id: str, tmp_path: Path, tok_s: str) -> tuple[int, str
     model, cache = tmp_path / "model", tmp_path / "cache"
     model.mkdir()
     cache.mkdir()
+    os.chown(cache, RUNTIME_UID, RUNTIME_UID)  # as docs/entrypoint.md tells a host: the image's user writes it
     (model / "config.json").write_text("{}")
     standin = REPO / "tests" / "standin_sglang"
     container = docker.from_env().containers.run(
@@ -210,7 +213,8 @@ def _derived(base_tag: str, tmp_path: Path, name: str, steps: str) -> str:
     already in the daemon, where the smoke checks run, so nothing has to be copied there."""
     from builder.engine import host_network
 
-    (tmp_path / "Dockerfile").write_text(f"FROM {base_tag}\n{steps}\n")
+    # The fault is planted as root (the venv and the tools are root's); the image then runs as its own user again.
+    (tmp_path / "Dockerfile").write_text(f"FROM {base_tag}\nUSER root\n{steps}\nUSER {RUNTIME_UID}:{RUNTIME_UID}\n")
     network = host_network.host_network()
     result = get_engine("docker").build(BuildRequest(
         context_dir=tmp_path, dockerfile=tmp_path / "Dockerfile", tags=(f"localhost/fault-{name}:test",),

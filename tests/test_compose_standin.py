@@ -15,6 +15,7 @@ from types import SimpleNamespace
 import docker
 import pytest
 
+from builder.paths import RUNTIME_UID
 from checkouts import REPO
 from compose_tools import compose_command
 from registries import free_port
@@ -37,6 +38,7 @@ def compose_host(tmp_path_factory) -> SimpleNamespace:
     (root / "models" / "model").mkdir(parents=True)
     (root / "models" / "model" / "config.json").write_text("{}")
     (root / "cache").mkdir()
+    os.chown(root / "cache", RUNTIME_UID, RUNTIME_UID)  # the image's user writes the cache, as on a GPU host
     _, memlock = resource.getrlimit(resource.RLIMIT_MEMLOCK)
     return SimpleNamespace(root=root, cache=root / "cache", port=free_port(), env_file=root / "compose.env",
                            memlock=-1 if memlock == resource.RLIM_INFINITY else memlock)
