@@ -71,14 +71,15 @@ def test_a_binary_file(tmp_path, capsys):
 
 
 def test_cuda_that_is_not_a_version(tmp_path, capsys):
-    text = edited('cuda = "13.0.1"\nbase', 'cuda = "thirteen"\nbase')
+    text = edited('replaces = "sglang-0.5.9-cu128"\ncuda = "13.0.1"', 'replaces = "sglang-0.5.9-cu128"\ncuda = "thirteen"')
     path = matrix_file(tmp_path, text)
     assert refused(capsys, ["matrix", "--matrix", str(path)]) == (
         f"{path}:{line_of(text, 'thirteen')}: sglang-0.5.9-cu130: cuda 'thirteen' must look like '13.0.1'")
 
 
 def test_a_serve_mode_that_cannot_name_a_compose_service(tmp_path, capsys):
-    text = edited("[stack.serve.modes.baseline-fusion]", '[stack.serve.modes."baseline fusion"]')
+    text = edited("No figure is recorded with them.\n[stack.serve.modes.baseline-fusion]",
+                  'No figure is recorded with them.\n[stack.serve.modes."baseline fusion"]')
     path = matrix_file(tmp_path, text)
     assert refused(capsys, ["render", "--check", "--matrix", str(path)]) == (
         f"{path}:{line_of(text, 'baseline fusion')}: sglang-0.5.9: serve mode 'baseline fusion' is not usable as a "
@@ -145,7 +146,7 @@ def test_a_fifo_is_refused_without_blocking(tmp_path):
 
 
 def test_a_problem_every_row_shares_is_one_line_at_its_own_line(tmp_path, capsys):
-    text = edited('target_arch = ["12.0"]', 'target_arch = ["12"]')
+    text = edited('(SM120) PCIe"\ntarget_arch = ["12.0"]', '(SM120) PCIe"\ntarget_arch = ["12"]')
     path = matrix_file(tmp_path, text)
     assert refused(capsys, ["matrix", "--matrix", str(path)]) == (
         f"{path}:{line_of(text, 'target_arch')}: sglang-0.5.9: target_arch '12' must look like '12.0'")

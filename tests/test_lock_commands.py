@@ -151,7 +151,8 @@ def test_matrix_views_take_the_base_digest_from_the_lock(lock_path, capsys):
     rows = {row["stack"]: row["base_image"] for row in json.loads(out)["include"]}
     assert status == 0
     assert rows == {"sglang-0.5.9-cu128": "nvidia/cuda@" + base_digest_of(cu128.base.image),
-                    "sglang-0.5.9-cu130": "nvidia/cuda:13.0.1-cudnn-devel-ubuntu24.04"}
+                    "sglang-0.5.9-cu130": "nvidia/cuda:13.0.1-cudnn-devel-ubuntu24.04",
+                    "sglang-0.5.23-cu130": "nvidia/cuda:13.0.1-cudnn-devel-ubuntu24.04"}
     status, out, _ = run(capsys, "matrix")
     lines = {line.split()[0]: line for line in out.splitlines()[1:3]}
     assert "cuda-13.0.1 (unpinned)" in lines["sglang-0.5.9-cu130"]
