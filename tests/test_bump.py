@@ -281,7 +281,7 @@ def _cli(clone: Path, *args: str, env: dict) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.network
-def test_near_bump_writes_a_candidate_beside_the_old_stack_locked_rendered_and_checked(tmp_path):
+def test_near_bump_writes_a_candidate_beside_the_old_stack_locked_rendered_and_checked(tmp_path, monkeypatch):
     """sglang 0.5.10 in a clone: the CUDA 13 row is refused (sglang-kernel 0.4.1 is a CUDA 12 build),
     the CUDA 12.8 row is written, every patch carried; render --check, lock --check and patches check
     pass, and the committed stacks and their lock entries are as they were."""
@@ -308,7 +308,7 @@ def test_near_bump_writes_a_candidate_beside_the_old_stack_locked_rendered_and_c
     assert report.count("**carried**") == 3
     assert re.search(r"\| `sglang-0.5.10-cu128-local` \| \d+\.\d\d GB \| not built \| not run \|", report)
 
-    os.environ.setdefault("BUILDER_COMPAT_FACTS", str(facts))
+    monkeypatch.setenv("BUILDER_COMPAT_FACTS", str(facts))  # for this test only: the rest of the session reads the real facts
     after = load_matrix(clone / "matrix.toml")
     assert [row for row in after.all_rows() if row.family == "sglang-0.5.9"] == list(before_rows)
     candidate = after.stack("sglang-0.5.10-cu128")
@@ -327,7 +327,7 @@ def test_near_bump_writes_a_candidate_beside_the_old_stack_locked_rendered_and_c
 
 
 @pytest.mark.network
-def test_far_bump_refuses_the_cuda_12_8_row_and_writes_the_cuda_13_one_with_its_patches_marked(tmp_path):
+def test_far_bump_refuses_the_cuda_12_8_row_and_writes_the_cuda_13_one_with_its_patches_marked(tmp_path, monkeypatch):
     """sglang 0.5.23: torch 2.14.1's default-index build is CUDA 13.0, so the 12.8 row goes; the 13.0 row
     takes every wheel from the default index; no patch is carried, and the matrix says which and why."""
     import os
@@ -348,7 +348,7 @@ def test_far_bump_refuses_the_cuda_12_8_row_and_writes_the_cuda_13_one_with_its_
     matrix_text = (clone / "matrix.toml").read_text()
     assert "# NEEDS PORTING: sglang 0001-torch-symm-mem-sm120.patch" in matrix_text
     assert "# DROPPED: flashinfer-python 0001-trtllm-comm-sm120.patch" in matrix_text
-    os.environ.setdefault("BUILDER_COMPAT_FACTS", str(facts))
+    monkeypatch.setenv("BUILDER_COMPAT_FACTS", str(facts))  # for this test only: the rest of the session reads the real facts
     rows = [row for row in load_matrix(clone / "matrix.toml").all_rows() if row.family == "sglang-0.5.23"]
     assert [row.name for row in rows] == ["sglang-0.5.23-cu130", "sglang-0.5.23-cu130-local"]
     assert rows[0].patched == () and rows[0].replaces == "sglang-0.5.9-cu130"
