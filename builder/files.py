@@ -9,6 +9,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import IO
 
 TEMP_SUFFIX = ".tmp"
 
@@ -61,3 +62,23 @@ def link_or_copy(source: Path, target: Path) -> None:
         if error.errno != errno.EXDEV:
             raise
         shutil.copyfile(source, target)
+
+
+class HashingWriter:
+    """A write-only stream that hashes and counts what passes through to `sink`: a blob's digest and size
+    are known the moment its last byte is written, with no second read."""
+
+    def __init__(self, sink: IO[bytes]) -> None:
+        self._sink, self._hash, self.size = sink, hashlib.sha256(), 0
+
+    def write(self, data: bytes) -> int:
+        self._hash.update(data)
+        self.size += len(data)
+        return self._sink.write(data)
+
+    def tell(self) -> int:
+        return self.size
+
+    @property
+    def digest(self) -> str:
+        return "sha256:" + self._hash.hexdigest()

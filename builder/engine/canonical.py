@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import IO
 
 from builder.errors import BuildFailure
+from builder.files import HashingWriter
 
 # Part of every cache key: bump when the canonical form changes.
 FORMAT = "canonical-tar-1"
@@ -41,21 +42,6 @@ _COPY_DIGEST = re.compile(r"#\(nop\) (COPY|ADD) (file|dir|multi):[0-9a-f]{64} in
 # 1.39 ends a RUN step with a bind mount with ":sha256:<digest of what was mounted>"; 1.28 does not.
 _RUN_MOUNT_DIGEST = re.compile(r"(--mount=\S.*):sha256:[0-9a-f]{64}$", re.DOTALL)
 _HISTORY_KEYS = ("created", "created_by", "empty_layer")
-
-
-class _HashingWriter:
-    """A write-only stream that hashes and counts what passes through to `sink`."""
-
-    def __init__(self, sink: IO[bytes]) -> None:
-        self.sink, self.digest, self.size = sink, hashlib.sha256(), 0
-
-    def write(self, data: bytes) -> int:
-        self.digest.update(data)
-        self.size += len(data)
-        return self.sink.write(data)
-
-    def tell(self) -> int:
-        return self.size
 
 
 class _HashingReader:
@@ -129,7 +115,7 @@ def canonical_entry(member: tarfile.TarInfo) -> tarfile.TarInfo:
 def rewrite_layer(source: IO[bytes], sink: IO[bytes], drop_stubs: bool, native_diff_id: str) -> CanonicalLayer:
     """Read one layer tar from `source` (a stream), write its canonical form to `sink`. The input must be
     exactly the layer `native_diff_id` names: a short or damaged stream is an error, not a smaller layer."""
-    writer = _HashingWriter(sink)
+    writer = HashingWriter(sink)
     reader = _HashingReader(source)
     dropped: list[str] = []
     try:
@@ -147,7 +133,7 @@ def rewrite_layer(source: IO[bytes], sink: IO[bytes], drop_stubs: bool, native_d
     read = reader.drain()
     if read != native_diff_id:
         raise BuildFailure(f"layer {native_diff_id}: the engine's export reads as {read}; not rewritten")
-    return CanonicalLayer("sha256:" + writer.digest.hexdigest(), writer.size, tuple(dropped))
+    return CanonicalLayer(writer.digest, writer.size, tuple(dropped))
 
 
 def canonical_history_entry(entry: Mapping[str, object]) -> dict:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 import tempfile
 import urllib.error
 import urllib.request
@@ -26,11 +25,10 @@ from builder import paths
 from builder.errors import BuildFailure, UserError
 from builder.files import link_or_copy
 from builder.image import content_check
+from builder.lock import validate
 from builder.lock.system_packages import DebPackage, SystemPackages
 from builder.publish.debian_archive import mirror_for
 
-_HEX64 = re.compile(r"[0-9a-f]{64}")
-_PLAIN_DEB = re.compile(r"[a-z0-9][a-z0-9+.-]+_[A-Za-z0-9.+~-]+_[a-z0-9-]+\.deb")
 _TIMEOUT_S = 60
 _CHUNK = 1 << 20
 
@@ -53,7 +51,7 @@ class DebCache:
 
     def path(self, package: DebPackage) -> Path:
         """Where the .deb lives; the lock's values are checked when it is read, and again here."""
-        if not _HEX64.fullmatch(package.sha256) or not _PLAIN_DEB.fullmatch(package.basename):
+        if not validate.HEX64.fullmatch(package.sha256) or not validate.DEB_FILE.fullmatch(package.basename):
             raise UserError(f"{package.pin}: the lock's sha256 or .deb file name cannot name a cache file")
         return self.root / "sha256" / package.sha256 / package.basename
 

@@ -30,10 +30,12 @@ from builder.engine import host_network
 from builder.errors import BuildFailure, UserError
 from builder.files import link_or_copy, sha256_file
 from builder.image import content_check
+from builder.lock import validate
 from builder.lock.model import DEFAULT_INDEX, Resolution
 
-_HEX64 = re.compile(r"[0-9a-f]{64}")
+# A plain file name: the lock reader checks the full PEP 427 grammar; this keeps a path in its folder.
 _PLAIN_WHEEL = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+!-]*\.whl")
+
 
 @dataclass(frozen=True)
 class LockedWheel:
@@ -78,7 +80,7 @@ class WheelCache:
     def path(self, wheel: LockedWheel) -> Path:
         """Where the wheel lives; the lock's values are checked when it is read, and again here, since
         they become a path."""
-        if not _HEX64.fullmatch(wheel.sha256) or not _PLAIN_WHEEL.fullmatch(wheel.filename):
+        if not validate.HEX64.fullmatch(wheel.sha256) or not _PLAIN_WHEEL.fullmatch(wheel.filename):
             raise UserError(f"{wheel.pin}: the lock's sha256 or wheel file name cannot name a cache file")
         return self.root / "sha256" / wheel.sha256 / wheel.filename
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import IO
 
 from builder.errors import BuildFailure
-from builder.files import TEMP_SUFFIX, write_atomic
+from builder.files import TEMP_SUFFIX, HashingWriter, write_atomic
 
 MANIFEST_MEDIA_TYPE = "application/vnd.oci.image.manifest.v1+json"
 CONFIG_MEDIA_TYPE = "application/vnd.oci.image.config.v1+json"
@@ -62,25 +62,6 @@ class Descriptor:
         if annotations:
             entry["annotations"] = dict(annotations)
         return entry
-
-
-class BlobWriter:
-    """A write-only stream into a temporary file beside the blobs, hashed as it goes (`Layout.blob_writer`)."""
-
-    def __init__(self, handle: IO[bytes]) -> None:
-        self._handle, self._digest, self.size = handle, hashlib.sha256(), 0
-
-    def write(self, data: bytes) -> int:
-        self._digest.update(data)
-        self.size += len(data)
-        return self._handle.write(data)
-
-    def tell(self) -> int:
-        return self.size
-
-    @property
-    def digest(self) -> str:
-        return "sha256:" + self._digest.hexdigest()
 
 
 class _VerifyingReader:
@@ -136,7 +117,7 @@ class Layout:
         return self.blob_path(digest).is_file()
 
     @contextlib.contextmanager
-    def blob_writer(self, expected: str | None = None) -> Iterator[BlobWriter]:
+    def blob_writer(self, expected: str | None = None) -> Iterator[HashingWriter]:
         """Write a blob through the yielded stream. On leaving the block it is fsynced and renamed to its
         digest, after checking it is `expected` where given; on an error inside the block, or a digest
         that does not match, the temporary file goes and no blob is made. The blob's digest and size
@@ -147,7 +128,7 @@ class Layout:
         temporary = self.blobs / f".{secrets.token_hex(8)}{TEMP_SUFFIX}"
         try:
             with temporary.open("xb") as handle:
-                writer = BlobWriter(handle)
+                writer = HashingWriter(handle)
                 yield writer
                 handle.flush()
                 os.fsync(handle.fileno())
