@@ -1,0 +1,203 @@
+"""What one build step changed in a container's root filesystem, written as one canonical layer.
+
+The write-once builder (builder/engine/write_once.py) runs every step in one working container and
+reads its files through `buildah mount` (the engine's public interface, never its storage's files).
+A step's layer is what the engine's own layer for it would hold, in canonical.py's form:
+  - every entry whose inode changed during the step: the kernel sets ctime on any write, chmod, chown,
+    rename or link, and on the copy-up of a lower file, so "ctime at or after the step's mark" is
+    exactly what an overlay upper layer would hold; the mark is a file made just before the step,
+    so it carries the kernel's own (coarse) clock;
+  - every directory above such an entry (an engine's fresh upper layer copies each one up);
+  - a whiteout (".wh.NAME", mode 0) for each path that was there before the step and is gone, at the
+    place of NAME in the order;
+  - with every time set to SOURCE_DATE_EPOCH (as `buildah build --timestamp` does), permission bits
+    only, numeric owners, extended attributes as SCHILY.xattr.*, a second name of an inode as a hard
+    link, and the engine's empty mount-point stubs (canonical.ENGINE_STUBS) left out of RUN steps.
+Entries are in canonical.written_order: a directory right before what it holds.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import tarfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from builder.engine import canonical
+from builder.oci.layout import Layout
+
+_CHUNK = 1 << 20
+_WHITEOUT = ".wh."
+# The overlay's own bookkeeping; never part of an image.
+_HIDDEN_XATTR = ("trusted.overlay.", "security.selinux")
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Every path in the tree (relative, "/"-separated) after a step, and each directory's inode: what a
+    later deletion, and a directory removed and made again, are told from."""
+
+    paths: frozenset[str]
+    directories: dict[str, int]
+
+
+def _snapshot_of(stats: dict[str, os.stat_result]) -> Snapshot:
+    return Snapshot(frozenset(stats), {path: info.st_ino for path, info in stats.items() if stat.S_ISDIR(info.st_mode)})
+
+
+@dataclass(frozen=True)
+class WrittenLayer:
+    diff_id: str
+    size: int
+    entries: int
+
+
+def walk(root: Path) -> Iterator[tuple[str, os.stat_result]]:
+    """Every entry below `root` with its lstat, never following a symbolic link."""
+    pending = [""]
+    while pending:
+        relative = pending.pop()
+        with os.scandir(root / relative if relative else root) as entries:
+            for entry in entries:
+                path = f"{relative}/{entry.name}" if relative else entry.name
+                info = entry.stat(follow_symlinks=False)
+                yield path, info
+                if stat.S_ISDIR(info.st_mode):
+                    pending.append(path)
+
+
+def snapshot(root: Path) -> Snapshot:
+    return _snapshot_of({path: info for path, info in walk(root) if not _is_stub(path, info)})
+
+
+def mark(scratch: Path) -> int:
+    """The kernel's clock now, as a ctime (a file's, so in the clock's own coarse ticks), with a pause
+    on each side: nothing the previous step wrote shares it, and nothing the next step writes is older."""
+    time.sleep(0.02)
+    marker = scratch / f".builder-mark-{os.getpid()}"
+    marker.write_bytes(b"")
+    try:
+        return marker.stat().st_ctime_ns
+    finally:
+        marker.unlink()
+        time.sleep(0.02)
+
+
+def _parents(path: str) -> Iterator[str]:
+    parts = path.split("/")
+    return ("/".join(parts[:depth]) for depth in range(1, len(parts)))
+
+
+def _is_stub(path: str, info: os.stat_result) -> bool:
+    return path in canonical.ENGINE_STUBS and stat.S_ISREG(info.st_mode) and info.st_size == 0
+
+
+def _xattrs(path: Path) -> dict[str, str]:
+    try:
+        names = os.listxattr(path, follow_symlinks=False)
+    except OSError:
+        return {}
+    values = {}
+    for name in sorted(names):
+        if name.startswith(_HIDDEN_XATTR):
+            continue
+        value = os.getxattr(path, name, follow_symlinks=False)
+        values["SCHILY.xattr." + name] = value.decode("utf-8", "surrogateescape")
+    return values
+
+
+def _header(root: Path, path: str, info: os.stat_result, epoch: int, link_to: str | None) -> tarfile.TarInfo:
+    entry = tarfile.TarInfo(path)
+    mode = info.st_mode
+    if link_to is not None:
+        entry.type, entry.linkname = tarfile.LNKTYPE, link_to
+    elif stat.S_ISREG(mode):
+        entry.type, entry.size = tarfile.REGTYPE, info.st_size
+    elif stat.S_ISDIR(mode):
+        entry.type = tarfile.DIRTYPE
+    elif stat.S_ISLNK(mode):
+        entry.type, entry.linkname = tarfile.SYMTYPE, os.readlink(root / path)
+    elif stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        entry.type = tarfile.CHRTYPE if stat.S_ISCHR(mode) else tarfile.BLKTYPE
+        entry.devmajor, entry.devminor = os.major(info.st_rdev), os.minor(info.st_rdev)
+    elif stat.S_ISFIFO(mode):
+        entry.type = tarfile.FIFOTYPE
+    else:
+        raise OSError(f"{path}: a socket cannot be stored in a layer")
+    entry.mode, entry.uid, entry.gid, entry.mtime = mode & 0o7777, info.st_uid, info.st_gid, epoch
+    entry.pax_headers = _xattrs(root / path)
+    return canonical.canonical_entry(entry)
+
+
+def write_step_layer(layout: Layout, root: Path, since_ns: int, before: Snapshot, epoch: int,
+                     drop_stubs: bool) -> tuple[WrittenLayer, Snapshot]:
+    """The layer of what changed under `root` since the mark `since_ns`, stored in `layout`, and the
+    tree's paths now. `before` is the tree's paths when the step began."""
+    stats: dict[str, os.stat_result] = {}
+    changed: set[str] = set()
+    for path, info in walk(root):
+        if _is_stub(path, info):
+            # The engine's mount point, made by the first RUN and kept: in no snapshot, so never
+            # whited out; in a layer only where a COPY wrote it.
+            if not drop_stubs and info.st_ctime_ns >= since_ns:
+                stats[path] = info
+                changed.add(path)
+            continue
+        stats[path] = info
+        if info.st_ctime_ns >= since_ns or path not in before.paths:
+            changed.add(path)
+    now = _snapshot_of({path: info for path, info in stats.items() if not _is_stub(path, info)})
+    # A directory removed and made again during the step is opaque: nothing below it comes from the
+    # layers under it, so its old contents need no whiteouts.
+    opaque = {path for path, inode in now.directories.items()
+              if before.directories.get(path, inode) != inode}
+    removed = before.paths - now.paths
+    # A deleted path below another deleted one is covered by its parent's whiteout.
+    gone = {path for path in removed
+            if not any(parent in removed or parent in opaque for parent in _parents(path))}
+    wanted: set[str] = set()
+    for path in changed | gone:
+        parts = path.split("/")
+        wanted.update("/".join(parts[:depth]) for depth in range(1, len(parts)))
+    wanted |= changed
+    order = sorted(wanted | gone, key=canonical.written_order)
+    first_name: dict[tuple[int, int], str] = {}
+    first_whiteout: str | None = None
+    count = 0
+    with layout.blob_writer() as blob, tarfile.TarFile(fileobj=blob, mode="w", format=tarfile.PAX_FORMAT,
+                                                        encoding="utf-8", errors="surrogateescape",
+                                                        copybufsize=_CHUNK) as tar:
+        for path in order:
+            count += 1
+            if path in gone:
+                parent, _, name = path.rpartition("/")
+                whiteout = tarfile.TarInfo(f"{parent}/{_WHITEOUT}{name}" if parent else _WHITEOUT + name)
+                whiteout.mode, whiteout.mtime = 0, epoch
+                # As the engine's tar has them: overlayfs makes every whiteout of a layer a link of one
+                # inode, so each after the first names the first one's path as its link.
+                whiteout.linkname = first_whiteout or ""
+                first_whiteout = first_whiteout or path
+                tar.addfile(canonical.canonical_entry(whiteout))
+                continue
+            info = stats[path]
+            link_to = None
+            if stat.S_ISREG(info.st_mode) and info.st_nlink > 1:
+                link_to = first_name.setdefault((info.st_dev, info.st_ino), path)
+                link_to = None if link_to == path else link_to
+            header = _header(root, path, info, epoch, link_to)
+            if header.type == tarfile.REGTYPE:
+                fd = os.open(root / path, os.O_RDONLY | os.O_NOFOLLOW)
+                with os.fdopen(fd, "rb") as handle:
+                    tar.addfile(header, handle)
+            else:
+                tar.addfile(header)
+            if path in opaque:
+                marker = tarfile.TarInfo(f"{path}/{_WHITEOUT}{_WHITEOUT}.opq")
+                marker.mode, marker.mtime = info.st_mode & 0o777, epoch
+                marker.uid, marker.gid = info.st_uid, info.st_gid
+                tar.addfile(canonical.canonical_entry(marker))
+                count += 1
+    return WrittenLayer(blob.digest, blob.size, count), now

@@ -1,0 +1,177 @@
+"""The write-once build (builder/engine/write_once.py): the Dockerfile read as a plan, each step's
+changes written once as a canonical layer, and the image the same, by id, as the engine's image of
+the same Dockerfile in canonical form."""
+
+import json
+import os
+import resource
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+from engine_helpers import EPOCH, TEST_BASE_TAG, write_context
+
+from builder.engine import write_once
+from builder.engine.buildah import BuildahEngine
+from builder.engine.protocol import BuildRequest
+from builder.errors import BuildFailure
+from builder.oci import dockerfile_plan, tree_layer
+from builder.oci.layout import Layout
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize("stack", ["sglang-0.5.9-cu128-local", "sglang-0.5.23-cu130-local"])
+def test_the_plan_writes_the_history_buildah_wrote_for_the_built_rows(stack):
+    """Every history entry the engine wrote for a locked image (its build report, canonical form)."""
+    report = json.loads((REPO / "build-reports" / f"{stack}.json").read_text())
+    plan = dockerfile_plan.parse((REPO / "images" / stack / "Dockerfile").read_text(),
+                                 {"SOURCE_DATE_EPOCH": str(report["source_date_epoch"])})
+    engine_history = [entry["created_by"] for entry in report["config"]["history"][1:]]
+    assert [step.created_by for step in plan.steps] == engine_history
+    layer_steps = [step.created_by for step in plan.steps if not step.empty_layer]
+    assert layer_steps == [layer["step"] for layer in report["layers"][1:]]
+
+
+@pytest.mark.parametrize("text, problem", [
+    ("RUN echo hi\n", "exec form"),
+    ("ADD x /x\n", "does not run 'ADD'"),
+    ("COPY --chown=1:1 a /a\n", "no options"),
+    ("COPY ../a /a\n", "not a path inside the context"),
+    ("COPY a b\n", "must be absolute"),
+    ('RUN --mount=type=cache,target=/c ["/bin/true"]\n', "read-only bind mount"),
+    ('RUN --mount=type=bind,source=w,target=/w ["/bin/true"]\n', "read-only bind mount"),
+    ("ENV novalue\n", "key=value"),
+    ("USER a b\n", "one value"),
+    ('CMD ["a", 1]\n', "exec form"),
+    ("ENV A=1 \\\n", "continuation"),
+])
+def test_the_plan_refuses_what_the_templates_never_write_by_its_line(text, problem):
+    with pytest.raises(BuildFailure, match=problem) as raised:
+        dockerfile_plan.parse(f"FROM base:1\n# a comment\n{text}", {})
+    assert "Dockerfile:3" in str(raised.value)
+    assert "\n" not in str(raised.value)
+
+
+def test_a_plan_must_start_from_a_base():
+    with pytest.raises(BuildFailure, match="first instruction must be FROM"):
+        dockerfile_plan.parse("RUN [\"/bin/true\"]\n", {})
+
+
+def _entries(layout: Layout, diff_id: str) -> list[tuple]:
+    with layout.open_blob(diff_id, verify=True) as blob, tarfile.open(fileobj=blob, mode="r|") as tar:
+        return [(m.name, m.type, m.mode, m.uid, m.mtime, m.size, m.linkname) for m in tar]
+
+
+def test_a_step_layer_holds_what_changed_its_parents_and_whiteouts(tmp_path):
+    root, scratch = tmp_path / "root", tmp_path / "scratch"
+    for directory in ("etc", "usr/share/doc/a", "opt/kept"):
+        (root / directory).mkdir(parents=True)
+    (root / "etc" / "issue").write_text("old")
+    (root / "opt" / "kept" / "same").write_text("unchanged")
+    (root / "usr" / "share" / "doc" / "a" / "x").write_text("x")
+    scratch.mkdir()
+    before = tree_layer.snapshot(root)
+    since = tree_layer.mark(scratch)
+    (root / "etc" / "issue").unlink()
+    (root / "usr" / "share" / "doc" / "a" / "x").unlink()
+    (root / "usr" / "share" / "doc" / "a").rmdir()
+    (root / "opt" / "kept" / "new").write_text("new")
+    os.chmod(root / "opt" / "kept" / "new", 0o750)
+    os.link(root / "opt" / "kept" / "new", root / "opt" / "kept" / "new2")
+    os.symlink("new", root / "opt" / "kept" / "to-new")
+    (root / "etc" / "hostname").write_text("")  # an engine's mount point: never in a RUN layer
+    layout = Layout.create(tmp_path / "layout")
+    layer, after = tree_layer.write_step_layer(layout, root, since, before, EPOCH, drop_stubs=True)
+    entries = _entries(layout, layer.diff_id)
+    assert [(name, kind) for name, kind, *_ in entries] == [
+        ("etc", tarfile.DIRTYPE), ("etc/.wh.issue", tarfile.REGTYPE),
+        ("opt", tarfile.DIRTYPE), ("opt/kept", tarfile.DIRTYPE), ("opt/kept/new", tarfile.REGTYPE),
+        ("opt/kept/new2", tarfile.LNKTYPE), ("opt/kept/to-new", tarfile.SYMTYPE),
+        ("usr", tarfile.DIRTYPE), ("usr/share", tarfile.DIRTYPE), ("usr/share/doc", tarfile.DIRTYPE),
+        ("usr/share/doc/.wh.a", tarfile.REGTYPE),
+    ]
+    by_name = {entry[0]: entry for entry in entries}
+    assert by_name["opt/kept/new"][2] == 0o750 and by_name["opt/kept/new"][5] == 3
+    assert by_name["opt/kept/new2"][6] == "opt/kept/new"
+    assert by_name["opt/kept/to-new"][6] == "new"
+    assert by_name["etc/.wh.issue"][2] == 0
+    assert {entry[4] for entry in entries} == {EPOCH}
+    assert "opt/kept/same" not in by_name and "etc/hostname" not in after.paths
+    assert layer.size == layout.blob_path(layer.diff_id).stat().st_size
+
+
+def test_the_same_tree_change_gives_the_same_layer_bytes(tmp_path):
+    digests = []
+    for run in ("one", "two"):
+        root = tmp_path / run / "root"
+        (root / "a").mkdir(parents=True)
+        before = tree_layer.snapshot(root)
+        since = tree_layer.mark(tmp_path / run)
+        for name in ("b", "a/c", "a/b-c"):
+            (root / name).write_text(name)
+        layer, _ = tree_layer.write_step_layer(Layout.create(tmp_path / run / "layout"), root, since, before, EPOCH,
+                                               drop_stubs=False)
+        digests.append(layer.diff_id)
+    assert digests[0] == digests[1]
+
+
+TINY = f"""FROM {TEST_BASE_TAG}
+ARG SOURCE_DATE_EPOCH
+COPY data/a.txt /opt/t/a.txt
+RUN --mount=type=bind,source=data,target=/run/data,ro \\
+    ["/bin/sh", "-c", "mkdir -p /opt/x && cat /run/data/a.txt > /opt/x/y && ln /opt/x/y /opt/x/z && ln -s y /opt/x/s && chown 1001:1001 /opt/x/z && rm -f /etc/issue.net"]
+ENV FOO=bar \\
+    PATH=/opt/bin:/usr/bin:/bin
+COPY data/ /opt/data/
+COPY data/a.txt data/run.sh /opt/multi/
+WORKDIR /opt/data
+USER 1001:1001
+RUN ["/bin/sh", "-c", "id -u > /tmp/who && pwd >> /tmp/who && echo $FOO $SOURCE_DATE_EPOCH >> /tmp/who"]
+EXPOSE 30000
+ENTRYPOINT ["/bin/cat"]
+CMD ["/tmp/who"]
+LABEL a.b="x y" \\
+      c="d"
+"""
+
+
+@pytest.mark.engine
+def test_the_written_image_is_the_engines_image_by_id(base_image, tmp_path):
+    """The same Dockerfile, built by buildah and put in canonical form, and written by the builder
+    step by step: one image id, and the imported image runs."""
+    context = write_context(tmp_path / "ctx", TINY)
+    (context / "data").mkdir()
+    (context / "data" / "a.txt").write_text("hello\n")
+    (context / "data" / "run.sh").write_text("#!/bin/sh\n")
+    os.chmod(context / "data" / "a.txt", 0o640)
+    os.chmod(context / "data" / "run.sh", 0o755)
+    request = BuildRequest(context_dir=context, dockerfile=context / "Dockerfile",
+                           tags=("localhost/write-once-engine:1",), source_date_epoch=EPOCH,
+                           build_args={"SOURCE_DATE_EPOCH": str(EPOCH)}, network="none",
+                           # buildah 1.28's layer cache ignores --timestamp: a layer cached by another
+                           # test's epoch would be reused with that epoch's times.
+                           no_cache=True)
+    engine = BuildahEngine(export_to_docker=False)
+    written_tag = "localhost/write-once-written:1"
+    try:
+        built = engine.build(request)
+        workdir = tmp_path / "work"
+        with write_once.scratch_layout(workdir) as layout:
+            config, layers, written = write_once.write_image(["buildah"], request, layout, workdir, "test")
+            assert written.image_id == built.image_id
+            assert [layer["digest"] for layer in layers] == [layer.diff_id for layer in built.layers]
+            for layer in layers:
+                assert layout.has_blob(layer["digest"])
+            write_once.import_image(["buildah"], layout, written.image_id, written_tag)
+        assert engine.image_id(written_tag) == built.image_id
+        nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+        pid_max = Path("/proc/sys/kernel/pid_max").read_text().strip()
+        ran = subprocess.run(["podman", "run", "--rm", "--network", "none", "--ulimit", f"nofile={nofile}",
+                              "--ulimit", f"nproc={pid_max}", written_tag], capture_output=True, text=True)
+        assert ran.stdout == f"1001\n/opt/data\nbar {EPOCH}\n", ran.stderr
+    finally:
+        engine.remove(request.tags[0])
+        engine.remove(written_tag)
+    assert list(workdir.iterdir()) == []  # the scratch layout went
