@@ -102,6 +102,29 @@ def test_a_step_layer_holds_what_changed_its_parents_and_whiteouts(tmp_path):
     assert layer.size == layout.blob_path(layer.diff_id).stat().st_size
 
 
+def test_a_directory_made_again_is_opaque_and_a_copied_up_one_is_not(tmp_path):
+    root, scratch = tmp_path / "root", tmp_path / "scratch"
+    (root / "base-dir").mkdir(parents=True)
+    (root / "base-dir" / "old").write_text("old")
+    scratch.mkdir()
+    started = tree_layer.mark(scratch)
+    (root / "made").mkdir()
+    for name in ("a", "b"):
+        (root / "made" / name).write_text(name)
+    before = tree_layer.snapshot(root)
+    since = tree_layer.mark(scratch)
+    for name in ("a", "b"):
+        (root / "made" / name).unlink()
+    (root / "made").rmdir()
+    (root / "made").mkdir()  # ext4 may hand back the same inode number
+    (root / "made" / "b").write_text("new")
+    (root / "base-dir" / "added").write_text("added")
+    layer, _ = tree_layer.write_step_layer(Layout.create(tmp_path / "layout"), root, since, before, EPOCH,
+                                           drop_stubs=False, build_started_ns=started)
+    names = [entry[0] for entry in _entries(Layout(tmp_path / "layout"), layer.diff_id)]
+    assert names == ["base-dir", "base-dir/added", "made", "made/.wh..wh..opq", "made/b"]
+
+
 def test_the_same_tree_change_gives_the_same_layer_bytes(tmp_path):
     digests = []
     for run in ("one", "two"):
@@ -121,10 +144,11 @@ TINY = f"""FROM {TEST_BASE_TAG}
 ARG SOURCE_DATE_EPOCH
 COPY data/a.txt /opt/t/a.txt
 RUN --mount=type=bind,source=data,target=/run/data,ro \\
-    ["/bin/sh", "-c", "mkdir -p /opt/x && cat /run/data/a.txt > /opt/x/y && ln /opt/x/y /opt/x/z && ln -s y /opt/x/s && chown 1001:1001 /opt/x/z && rm -f /etc/issue.net"]
+    ["/bin/sh", "-c", "mkdir -p /opt/x && cat /run/data/a.txt > /opt/x/y && ln /opt/x/y /opt/x/z && ln -s y /opt/x/s && chown 1001:1001 /opt/x/z && rm -f /etc/issue.net && rm -r /usr/share/doc/bash"]
 ENV FOO=bar \\
     PATH=/opt/bin:/usr/bin:/bin
 COPY data/ /opt/data/
+RUN ["/bin/sh", "-c", "rm -rf /opt/data && mkdir /opt/data && cp /opt/t/a.txt /opt/data/ && rm /etc/issue"]
 COPY data/a.txt data/run.sh /opt/multi/
 WORKDIR /opt/data
 USER 1001:1001
@@ -140,7 +164,9 @@ LABEL a.b="x y" \\
 @pytest.mark.engine
 def test_the_written_image_is_the_engines_image_by_id(base_image, tmp_path):
     """The same Dockerfile, built by buildah and put in canonical form, and written by the builder
-    step by step: one image id, and the imported image runs."""
+    step by step: one image id, and the imported image runs. The steps cover a file, a directory and
+    several files copied, a bind mount, a hard and a symbolic link, an owner, whiteouts (two in one
+    layer), a directory removed and made again (opaque), ENV, WORKDIR, USER and the exec-form configs."""
     context = write_context(tmp_path / "ctx", TINY)
     (context / "data").mkdir()
     (context / "data" / "a.txt").write_text("hello\n")

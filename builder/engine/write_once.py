@@ -168,6 +168,7 @@ def write_image(buildah: Sequence[str], request: BuildRequest, layout: Layout, w
     sizes = {diff_id: layout.blob_path(diff_id).stat().st_size for diff_id in base_layers}
     args: dict[str, str] = {}
     written = bytes_written = 0
+    build_started = tree_layer.mark(workdir)
     with _working_container(buildah, plan.base, owner) as (container, root):
         before = tree_layer.snapshot(root)
         for step in plan.steps:
@@ -187,7 +188,8 @@ def write_image(buildah: Sequence[str], request: BuildRequest, layout: Layout, w
             else:
                 _run_step(buildah, container, root, step, request.context_dir, config, args, progress)
             layer, before = tree_layer.write_step_layer(layout, root, since, before, request.source_date_epoch,
-                                                        drop_stubs=step.keyword == "RUN")
+                                                        drop_stubs=step.keyword == "RUN",
+                                                        build_started_ns=build_started)
             sizes[layer.diff_id] = layer.size
             written, bytes_written = written + 1, bytes_written + layer.size
             config.record(step, created, layer.diff_id)

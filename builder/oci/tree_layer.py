@@ -18,8 +18,10 @@ Entries are in canonical.written_order: a directory right before what it holds.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import stat
+import struct
 import tarfile
 import time
 from collections.abc import Iterator
@@ -30,6 +32,9 @@ from builder.engine import canonical
 from builder.oci.layout import Layout
 
 _CHUNK = 1 << 20
+_libc = ctypes.CDLL(None, use_errno=True)
+_AT_FDCWD, _AT_SYMLINK_NOFOLLOW, _STATX_BTIME = -100, 0x100, 0x800
+_STATX_SIZE, _STATX_BTIME_OFFSET = 256, 80  # struct statx (linux/stat.h): stx_btime after stx_atime
 _WHITEOUT = ".wh."
 # The overlay's own bookkeeping; never part of an image.
 _HIDDEN_XATTR = ("trusted.overlay.", "security.selinux")
@@ -41,11 +46,12 @@ class Snapshot:
     later deletion, and a directory removed and made again, are told from."""
 
     paths: frozenset[str]
-    directories: dict[str, int]
+    directories: dict[str, tuple[int, int | None]]  # inode number, birth time
 
 
-def _snapshot_of(stats: dict[str, os.stat_result]) -> Snapshot:
-    return Snapshot(frozenset(stats), {path: info.st_ino for path, info in stats.items() if stat.S_ISDIR(info.st_mode)})
+def _snapshot_of(root: Path, stats: dict[str, os.stat_result]) -> Snapshot:
+    return Snapshot(frozenset(stats), {path: (info.st_ino, _birth(root / path)) for path, info in stats.items()
+                                       if stat.S_ISDIR(info.st_mode)})
 
 
 @dataclass(frozen=True)
@@ -70,7 +76,7 @@ def walk(root: Path) -> Iterator[tuple[str, os.stat_result]]:
 
 
 def snapshot(root: Path) -> Snapshot:
-    return _snapshot_of({path: info for path, info in walk(root) if not _is_stub(path, info)})
+    return _snapshot_of(root, {path: info for path, info in walk(root) if not _is_stub(path, info)})
 
 
 def mark(scratch: Path) -> int:
@@ -84,6 +90,29 @@ def mark(scratch: Path) -> int:
     finally:
         marker.unlink()
         time.sleep(0.02)
+
+
+def _birth(path: Path) -> int | None:
+    """The birth time of the inode at `path` (statx), where the filesystem keeps one."""
+    buffer = ctypes.create_string_buffer(_STATX_SIZE)
+    if _libc.statx(_AT_FDCWD, os.fsencode(path), _AT_SYMLINK_NOFOLLOW, _STATX_BTIME, buffer) != 0:
+        return None
+    if not struct.unpack_from("I", buffer, 0)[0] & _STATX_BTIME:
+        return None
+    seconds, nanoseconds = struct.unpack_from("qI", buffer, _STATX_BTIME_OFFSET)
+    return seconds * 1_000_000_000 + nanoseconds
+
+
+def _made_again(before: tuple[int, int | None], now: tuple[int, int | None], since_ns: int,
+                build_started_ns: int) -> bool:
+    """Whether a directory was removed and made again during the step (the engine writes it opaque).
+    A new inode number says so. The same number says so too when the directory was made by this build
+    (its inode may be reused) and is born again; a directory of the base born again was copied up."""
+    (old_inode, old_birth), (new_inode, new_birth) = before, now
+    if old_inode != new_inode:
+        return True
+    return (old_birth is not None and new_birth is not None and old_birth >= build_started_ns
+            and new_birth >= since_ns)
 
 
 def _parents(path: str) -> Iterator[str]:
@@ -133,9 +162,10 @@ def _header(root: Path, path: str, info: os.stat_result, epoch: int, link_to: st
 
 
 def write_step_layer(layout: Layout, root: Path, since_ns: int, before: Snapshot, epoch: int,
-                     drop_stubs: bool) -> tuple[WrittenLayer, Snapshot]:
+                     drop_stubs: bool, build_started_ns: int = 0) -> tuple[WrittenLayer, Snapshot]:
     """The layer of what changed under `root` since the mark `since_ns`, stored in `layout`, and the
-    tree's paths now. `before` is the tree's paths when the step began."""
+    tree's paths now. `before` is the tree's paths when the step began; `build_started_ns` the mark
+    taken before the working container was made."""
     stats: dict[str, os.stat_result] = {}
     changed: set[str] = set()
     for path, info in walk(root):
@@ -149,11 +179,11 @@ def write_step_layer(layout: Layout, root: Path, since_ns: int, before: Snapshot
         stats[path] = info
         if info.st_ctime_ns >= since_ns or path not in before.paths:
             changed.add(path)
-    now = _snapshot_of({path: info for path, info in stats.items() if not _is_stub(path, info)})
+    now = _snapshot_of(root, {path: info for path, info in stats.items() if not _is_stub(path, info)})
     # A directory removed and made again during the step is opaque: nothing below it comes from the
     # layers under it, so its old contents need no whiteouts.
-    opaque = {path for path, inode in now.directories.items()
-              if before.directories.get(path, inode) != inode}
+    opaque = {path for path in now.directories if path in before.directories and path in changed
+              and _made_again(before.directories[path], now.directories[path], since_ns, build_started_ns)}
     removed = before.paths - now.paths
     # A deleted path below another deleted one is covered by its parent's whiteout.
     gone = {path for path in removed
