@@ -118,11 +118,12 @@ def test_a_directory_made_again_is_opaque_and_a_copied_up_one_is_not(tmp_path):
     (root / "made").rmdir()
     (root / "made").mkdir()  # ext4 may hand back the same inode number
     (root / "made" / "b").write_text("new")
+    (root / "made" / "sub").mkdir()  # below an opaque directory: new, not opaque
     (root / "base-dir" / "added").write_text("added")
     layer, _ = tree_layer.write_step_layer(Layout.create(tmp_path / "layout"), root, since, before, EPOCH,
                                            drop_stubs=False, build_started_ns=started)
     names = [entry[0] for entry in _entries(Layout(tmp_path / "layout"), layer.diff_id)]
-    assert names == ["base-dir", "base-dir/added", "made", "made/.wh..wh..opq", "made/b"]
+    assert names == ["base-dir", "base-dir/added", "made", "made/.wh..wh..opq", "made/b", "made/sub"]
 
 
 def test_the_same_tree_change_gives_the_same_layer_bytes(tmp_path):
@@ -148,7 +149,7 @@ RUN --mount=type=bind,source=data,target=/run/data,ro \\
 ENV FOO=bar \\
     PATH=/opt/bin:/usr/bin:/bin
 COPY data/ /opt/data/
-RUN ["/bin/sh", "-c", "rm -rf /opt/data && mkdir /opt/data && cp /opt/t/a.txt /opt/data/ && rm /etc/issue"]
+RUN ["/bin/sh", "-c", "rm -rf /opt/data && mkdir -p /opt/data/sub && cp /opt/t/a.txt /opt/data/ && rm /etc/issue"]
 COPY data/a.txt data/run.sh /opt/multi/
 WORKDIR /opt/data
 USER 1001:1001

@@ -184,6 +184,8 @@ def write_step_layer(layout: Layout, root: Path, since_ns: int, before: Snapshot
     # layers under it, so its old contents need no whiteouts.
     opaque = {path for path in now.directories if path in before.directories and path in changed
               and _made_again(before.directories[path], now.directories[path], since_ns, build_started_ns)}
+    # Below a directory made again every directory is new: only the top one is marked.
+    opaque = {path for path in opaque if not any(parent in opaque for parent in _parents(path))}
     removed = before.paths - now.paths
     # A deleted path below another deleted one is covered by its parent's whiteout.
     gone = {path for path in removed
