@@ -36,6 +36,7 @@ from builder.engine.buildah import BuildahEngine  # noqa: E402
 from builder.engine.progress import Progress  # noqa: E402
 from builder.image import build, context, wheel_cache  # noqa: E402
 from builder.lock.resolution import base_pin, check_current  # noqa: E402
+from builder.oci.layout import scratch_layout  # noqa: E402
 from builder.paths import Project  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -93,7 +94,7 @@ def main() -> int:
         dockerfile = build.stage_context(inputs, project.root, entry.resolution, cache, context_dir)
         request = build.build_request(stack, context_dir, dockerfile, tag, False, Progress.for_environment())
         before, started = written_bytes(), time.monotonic()
-        with PeakDisk(options.workdir) as disk, write_once.scratch_layout(work) as layout:
+        with PeakDisk(options.workdir) as disk, scratch_layout(work, "layout") as layout:
             _, layers, image = write_once.write_image(engine.command, request, layout, work, "bench", print)
             wrote = time.monotonic() - started
             write_once.import_image(engine.command, layout, image.image_id, tag)

@@ -17,7 +17,7 @@ from builder.engine.buildah import BuildahEngine
 from builder.engine.protocol import BuildRequest
 from builder.errors import BuildFailure
 from builder.oci import dockerfile_plan, tree_layer
-from builder.oci.layout import Layout
+from builder.oci.layout import Layout, scratch_layout
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -185,7 +185,7 @@ def test_the_written_image_is_the_engines_image_by_id(base_image, tmp_path):
     try:
         built = engine.build(request)
         workdir = tmp_path / "work"
-        with write_once.scratch_layout(workdir) as layout:
+        with scratch_layout(workdir, "layout") as layout:
             config, layers, written = write_once.write_image(["buildah"], request, layout, workdir, "test")
             assert written.image_id == built.image_id
             assert [layer["digest"] for layer in layers] == [layer.diff_id for layer in built.layers]

@@ -24,8 +24,6 @@ from __future__ import annotations
 import contextlib
 import gzip
 import json
-import secrets
-import shutil
 import subprocess
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -37,7 +35,8 @@ from builder.engine import canonical, stored_layer
 from builder.engine.process import run_quiet
 from builder.errors import BuildFailure
 from builder.files import write_atomic
-from builder.oci.layout import Layout, digest_of
+from builder.engine.write_once import image_names
+from builder.oci.layout import Layout, digest_of, scratch_layout
 
 _REF = "canonical"
 
@@ -117,7 +116,7 @@ def _export(buildah: Sequence[str], native: NativeImage, index: CanonicalIndex, 
     rewritten = written = 0
     partial_images: list[str] = []
     source = _LayerSource(buildah, native, workdir)
-    with _scratch_layout(workdir, "canonical") as layout:
+    with scratch_layout(workdir, "canonical") as layout:
         for diff_id, _ in layers.values():
             layout.add_placeholder(diff_id)  # in the storage already
         try:
@@ -141,7 +140,7 @@ def _export(buildah: Sequence[str], native: NativeImage, index: CanonicalIndex, 
                 clock = time.monotonic()
             whole = [layers[i] for i in range(len(native.diff_ids))]
             config = _config(native, layers)
-            names_before = _names(buildah, digest_of(config))
+            names_before = image_names(buildah, digest_of(config))
             image_id = _import(buildah, layout, config, whole, workdir, f"the canonical form of {native.image_id}")
             if progress:
                 progress(f"canonical image {image_id} imported in {time.monotonic() - clock:.0f} s")
@@ -150,7 +149,7 @@ def _export(buildah: Sequence[str], native: NativeImage, index: CanonicalIndex, 
                 subprocess.run([*buildah, "rmi", partial], capture_output=True, stdin=subprocess.DEVNULL)
     # The pull names the image after the layout's path: give it `name` instead. Only the names the pull
     # added go (buildah stores `name` qualified, e.g. with localhost/, so it is kept by value).
-    added = _names(buildah, image_id) - names_before
+    added = image_names(buildah, image_id) - names_before
     run_quiet([*buildah, "tag", image_id, name], f"buildah tag {image_id} {name}")
     for extra in added - {name, _qualified(name)}:
         run_quiet([*buildah, "rmi", extra], f"removing the name {extra}")
@@ -268,7 +267,7 @@ class _LayerSource:
 def _pushed_layer(buildah: Sequence[str], native: NativeImage, workdir: Path, i: int) -> Iterator[IO[bytes]]:
     """Layer `i` of the engine's image as `buildah push` writes it, into a scratch OCI layout in which
     every layer with another diff_id is an empty placeholder buildah reuses, so it writes this one only."""
-    with _scratch_layout(workdir, "native") as layout:
+    with scratch_layout(workdir, "native") as layout:
         for diff_id in set(native.diff_ids) - {native.diff_ids[i]}:
             layout.add_placeholder(diff_id)
         run_quiet([*buildah, "push", "--quiet", "--compression-format", "gzip", "--compression-level", "0",
@@ -299,31 +298,8 @@ def _open_pushed(source: Path, descriptor: dict):
     return opener(source, "rb")
 
 
-@contextlib.contextmanager
-def _scratch_layout(workdir: Path, kind: str) -> Iterator[Layout]:
-    """A fresh, private, empty OCI layout under `workdir`, removed afterwards. Its name is always a
-    valid image name (lower-case hex), unlike tempfile's."""
-    workdir.mkdir(parents=True, exist_ok=True)
-    root = workdir / f"builder-{kind}-{secrets.token_hex(8)}"
-    root.mkdir(mode=0o700)
-    try:
-        yield Layout.create(root)
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-
-
 def _qualified(name: str) -> str:
     """`name` as buildah lists it: a name with no registry part lives under localhost/."""
     first = name.split("/", 1)[0]
     has_registry = "/" in name and ("." in first or ":" in first or first == "localhost")
     return name if has_registry else f"localhost/{name}"
-
-
-def _names(buildah: Sequence[str], image_id: str) -> set[str]:
-    """Every name of `image_id` in the storage; none when the storage does not hold it."""
-    result = subprocess.run([*buildah, "images", "--json", image_id], capture_output=True, text=True,
-                            stdin=subprocess.DEVNULL, errors="replace")
-    if result.returncode != 0:
-        return set()
-    return {name for image in json.loads(result.stdout or "[]") for name in image.get("names") or ()}
-

@@ -203,7 +203,8 @@ def write_image(buildah: Sequence[str], request: BuildRequest, layout: Layout, w
                                            round(time.monotonic() - started, 1))
 
 
-def _names(buildah: Sequence[str], image_id: str) -> set[str]:
+def image_names(buildah: Sequence[str], image_id: str) -> set[str]:
+    """Every name of `image_id` in buildah's storage; none when the storage does not hold it."""
     result = subprocess.run([*buildah, "images", "--json", image_id], capture_output=True, text=True,
                             stdin=subprocess.DEVNULL, errors="replace")
     if result.returncode != 0:
@@ -214,26 +215,14 @@ def _names(buildah: Sequence[str], image_id: str) -> set[str]:
 def import_image(buildah: Sequence[str], layout: Layout, image_id: str, tag: str) -> None:
     """The layout's image into buildah's storage under `tag` (layers the storage holds are reused), and
     no other name the import gave it."""
-    before = _names(buildah, image_id)
+    before = image_names(buildah, image_id)
     pulled = run_quiet([*buildah, "pull", "--quiet", f"oci:{layout.root.name}:{_REF}"], "importing the image",
                        cwd=layout.root.parent).strip().splitlines()
     got = "sha256:" + (pulled[-1] if pulled else "").removeprefix("sha256:")
     if got != image_id:
         raise BuildFailure(f"buildah stored the written image as {got}, expected {image_id}")
-    added = _names(buildah, image_id) - before
+    added = image_names(buildah, image_id) - before
     run_quiet([*buildah, "tag", image_id, tag], f"buildah tag {image_id} {tag}")
     for extra in added:
         if extra.removeprefix("localhost/") != tag.removeprefix("localhost/"):
             run_quiet([*buildah, "rmi", extra], f"removing the name {extra}")
-
-
-@contextlib.contextmanager
-def scratch_layout(workdir: Path) -> Iterator[Layout]:
-    """A private layout for one build, removed afterwards; its name is a valid image name."""
-    workdir.mkdir(parents=True, exist_ok=True)
-    root = workdir / f"builder-layout-{secrets.token_hex(8)}"
-    root.mkdir(mode=0o700)
-    try:
-        yield Layout.create(root)
-    finally:
-        shutil.rmtree(root, ignore_errors=True)

@@ -19,6 +19,7 @@ import hashlib
 import json
 import os
 import secrets
+import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -234,3 +235,16 @@ def _fsync_directory(directory: Path) -> None:
         os.fsync(handle)
     finally:
         os.close(handle)
+
+
+@contextlib.contextmanager
+def scratch_layout(workdir: Path, kind: str) -> Iterator[Layout]:
+    """A fresh, private, empty layout under `workdir`, removed afterwards. Its name is always a valid
+    image name (lower-case hex), unlike tempfile's: buildah names an image pulled from it after it."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    root = workdir / f"builder-{kind}-{secrets.token_hex(8)}"
+    root.mkdir(mode=0o700)
+    try:
+        yield Layout.create(root)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
