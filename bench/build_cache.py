@@ -31,13 +31,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from builder.build_stack import build, context  # noqa: E402
+from builder.cache import wheel_cache  # noqa: E402
+from builder.config import tags  # noqa: E402
 from builder.config.matrix import load_matrix  # noqa: E402
 from builder.engine.buildah import BuildahEngine  # noqa: E402
 from builder.engine.progress import Progress  # noqa: E402
-from builder.image import build, context, render, tags, wheel_cache  # noqa: E402
-from builder.image.layer_diff import discard_storage  # noqa: E402
-from builder.paths import Project  # noqa: E402
 from builder.lock.resolution import base_pin, check_current  # noqa: E402
+from builder.oci.layer_diff import discard_storage  # noqa: E402
+from builder.paths import Project  # noqa: E402
+from builder.render import render  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results" / "build-cache.json"

@@ -1,4 +1,5 @@
-"""Writing files so that a reader or a crash never sees a torn one; placing cached files cheaply."""
+"""Writing files so that a reader or a crash never sees a torn one; placing cached files cheaply;
+removing a scratch tree that a killed run left mounts in."""
 
 from __future__ import annotations
 
@@ -6,7 +7,9 @@ import contextlib
 import errno
 import hashlib
 import os
+import re
 import shutil
+import subprocess
 import tempfile
 from pathlib import Path
 from typing import IO
@@ -82,3 +85,24 @@ class HashingWriter:
     @property
     def digest(self) -> str:
         return "sha256:" + self._hash.hexdigest()
+
+
+def mounts_below(directory: Path) -> list[Path]:
+    """The mount points at or under `directory` (the kernel's /proc/self/mountinfo), deepest first."""
+    directory = Path(os.path.realpath(directory))
+    found = []
+    with open("/proc/self/mountinfo", encoding="utf-8") as mountinfo:
+        for line in mountinfo:
+            # Field 5 is the mount point, with space, tab, newline and backslash written as octal escapes.
+            point = Path(re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), line.split(" ")[4]))
+            if point == directory or directory in point.parents:
+                found.append(point)
+    return sorted(found, key=lambda point: len(point.parts), reverse=True)
+
+
+def remove_scratch(directory: Path) -> None:
+    """Remove a scratch tree of the builder's own as far as it can, first detaching what a killed run
+    left mounted in it (a private storage's overlay mounts): rmtree cannot remove a mount point."""
+    for point in mounts_below(directory):
+        subprocess.run(["umount", "--lazy", str(point)], capture_output=True, check=False)
+    shutil.rmtree(directory, ignore_errors=True)

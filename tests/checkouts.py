@@ -9,6 +9,10 @@ from pathlib import Path
 
 
 REPO = Path(__file__).resolve().parent.parent
+# The real stack the end-to-end tests build (conftest's `built`): the README's default, CUDA 13 from the
+# default index. BUILT_ROW is the matrix row as `--stack` takes it; BUILT_STACK the built (local) row.
+BUILT_ROW = "sglang-0.5.23-cu130"
+BUILT_STACK = f"{BUILT_ROW}-local"
 
 
 def clone_checkout(destination: Path) -> Path:

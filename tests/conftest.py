@@ -1,5 +1,5 @@
-"""Fixtures shared by several test modules: lock records, and the real cu128 stack built once per session
-on the local base (the end-to-end modules all test that one image)."""
+"""Fixtures shared by several test modules: lock records, and the real CUDA 13 stack (the README's
+default row) built once per session on the local base (the end-to-end modules all test that one image)."""
 
 from __future__ import annotations
 
@@ -14,21 +14,21 @@ import uuid
 
 import docker
 import pytest
+from builder.engine import engine_root
 
+from builder.base.local_base import BaseSpec, make_base
+from builder.cache.deb_cache import DebCache
+from builder.config.matrix import load_matrix
+from builder.engine import get_engine
+from builder.engine.buildah import BuildahEngine
 from builder.lock import records
 from builder.lock.model import ImageRecord, LockedBase
 from builder.lock.resolution import lock_stacks
-from builder.engine import get_engine
-from builder.engine.buildah import BuildahEngine
-from builder.image.deb_cache import DebCache
-from builder.image.local_base import BaseSpec, make_base
-from builder.config.matrix import load_matrix
 from engine_helpers import BASE_EPOCH, TEST_BASE_TAG
-from checkouts import REPO, run_builder
-from lock_values import base_digest_of, locked_base_packages, locked_base_spec, resolution_of, system_packages_of
+from checkouts import BUILT_ROW, BUILT_STACK, REPO, run_builder
+from lock_values import (base_digest_of, locked_base_packages, locked_base_sources, locked_base_spec, resolution_of,
+                         smoke_report, system_packages_of)
 from registries import registry_image
-
-BUILT_STACK = "sglang-0.5.9-cu128-local"
 
 
 @pytest.fixture
@@ -39,7 +39,7 @@ def record_image():
         base = LockedBase(stack.base.name, stack.base.image, stack.base.local)
         image = ImageRecord(image_id=image_id, immutable_tag=tags[0], tags=tuple(tags), inputs_hash=inputs_hash,
                             base=base, source_date_epoch=1767225600, report="r.json", provenance="r.provenance.json")
-        records.record_build(stack.name, image, {"passed": True}, path)
+        records.record_build(stack.name, image, smoke_report(image=image_id, stack=stack.name), path)
 
     return record
 
@@ -72,8 +72,7 @@ def built(local_base, builder_env):
     """The README's main job in this checkout: (the command's result, its build report). With --resmoke:
     the committed lock holds a pass for this image id, and CI must see the gate run, not its record.
     With --load: the tests that follow run the image in the Docker daemon, as a GPU host does."""
-    result = run_builder("build", "--local-base", "--stack", "sglang-0.5.9-cu128", "--resmoke", "--load",
-                         env=builder_env)
+    result = run_builder("build", "--local-base", "--stack", BUILT_ROW, "--resmoke", "--load", env=builder_env)
     assert result.returncode == 0, result.stderr[-4000:]
     report = json.loads((REPO / "build-reports" / f"{BUILT_STACK}.json").read_text())
     return result, report
@@ -114,10 +113,18 @@ def base_image(tmp_path_factory):
     once per session (its own date, so its id differs from the base real builds use)."""
     output = tmp_path_factory.mktemp("base")
     engine = BuildahEngine()
+    # The .debs come from apt's mirror first, as `builder base` fetches them: the snapshot archive is
+    # only the fallback for versions the mirror no longer serves.
     result = make_base(locked_base_spec(source_date_epoch=BASE_EPOCH, tag=TEST_BASE_TAG), output, locked_base_packages(),
-                       DebCache(), engine=engine)
+                       DebCache(), engine=engine, sources=locked_base_sources())
     engine.daemon.load(result.archive)
     return result
+
+
+@pytest.fixture(scope="session")
+def trixie_buildah() -> list[str]:
+    """Debian trixie's buildah, from a root cached under /var/tmp/engine (apt's default mirror)."""
+    return engine_root.buildah_prefix(engine_root.make_root())
 
 
 @pytest.fixture

@@ -5,13 +5,30 @@ from __future__ import annotations
 
 import hashlib
 
+from builder.lock.build_report import BuildReport, InputFile, ReportLayer
 from builder.lock.model import Distribution
 from builder.lock.resolve import PLATFORM, WheelResolution
+from builder.lock.smoke_report import SmokeReport
+from builder.runtime.smoke.report import Result
 from checkouts import REPO
 
 
 IMAGE = "sha256:" + "1" * 64
 OTHER_IMAGE = "sha256:" + "2" * 64
+
+
+def smoke_report(passed: bool = True, image: str = IMAGE, stack: str = "sglang-0.5.9-cu128") -> SmokeReport:
+    """A one-check smoke report, as the gate gives it."""
+    return SmokeReport(image, stack, (Result("imports.torch", "pass" if passed else "fail", "planted"),))
+
+
+def build_report(stack: str, image: str = IMAGE, files=(), layer_sizes=(), smoke: SmokeReport | None = None
+                 ) -> BuildReport:
+    """A build report as `builder build` writes it, of made-up layers and the given input files."""
+    layers = tuple(ReportLayer("sha256:" + f"{i:x}" * 64, size, f"step {i}") for i, size in enumerate(layer_sizes))
+    return BuildReport(stack, "buildah", None, image, ("sglang:x",), 1767225600, "f" * 64, "base@unpinned",
+                       tuple(InputFile(f.path, f.mode, f.sha256) for f in files), layers, {},
+                       smoke or smoke_report(image=image, stack=stack))
 
 
 def dist(name, version, group, source="default index", url=None, hashes=None):
@@ -51,10 +68,18 @@ def locked_base_packages():
     return store.entry("sglang-0.5.9-cu128-local", REPO / "matrix.lock").resolution.system_packages
 
 
+def locked_base_sources():
+    """Where `builder base` fetches the base's .debs from first, and what its apt sources name: apt's
+    mirror for the local rows (the snapshot archive only as the fallback)."""
+    from builder.cli.commands.base import local_base_sources
+    from builder.config.matrix import load_matrix
+    return local_base_sources(load_matrix(REPO / "matrix.toml"))
+
+
 def locked_base_spec(**fields):
     """A BaseSpec asking for the packages the lock's base was resolved from, so mmdebstrap installs exactly
     the locked closure (the matrix's [local_base] list, not the builder's built-in default)."""
-    from builder.image.local_base import BaseSpec
+    from builder.base.local_base import BaseSpec
     return BaseSpec(packages=locked_base_packages().requested, **fields)
 
 

@@ -18,10 +18,10 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from builder.base.local_base import DEFAULT_PACKAGES
+from builder.cache.deb_cache import DebCache
 from builder.config.stack import AptSpec
-from builder.image.deb_cache import DebCache
-from builder.image.local_base import DEFAULT_PACKAGES
-from builder.publish import debian_archive
+from builder.lock import debian_archive
 
 SUITE = "bookworm"
 ARCH = "amd64"

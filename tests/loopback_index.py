@@ -82,6 +82,11 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
     def log_message(self, *args) -> None:  # keep pytest output clean
         pass
 
+    def send_header(self, keyword: str, value: str) -> None:
+        # Like the default index here: no validators, so uv reads each page again on every run.
+        if keyword.lower() != "last-modified":
+            super().send_header(keyword, value)
+
     def _broken(self) -> bool:
         if self.path.startswith("/broken/"):
             self.send_error(500, "Internal Server Error")

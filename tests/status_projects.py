@@ -20,6 +20,8 @@ from pathlib import Path
 from builder.engine.identity import EngineIdentity
 from builder.lock import records
 from builder.lock.model import ImageRecord, LockedBase
+from builder.lock.smoke_report import SmokeReport
+from builder.runtime.smoke.report import Result
 from checkouts import REPO, link_project_files
 from lock_values import IMAGE, OTHER_IMAGE, bench_report
 
@@ -38,15 +40,12 @@ PATCHES = ("patches.sglang/0001-torch-symm-mem-sm120.patch", "patches.sglang/000
            "patches.flashinfer-python/0001-trtllm-comm-sm120.patch")
 
 
-def _results(*failing: str) -> list[dict]:
+def _report(image: str, stack: str, *failing: str) -> SmokeReport:
     names = ["versions.torch", FAILED_CHECK, *PATCHES, "gpu.driver"]
-    found = [{"check": name, "status": "skip" if name.startswith("gpu.") else "pass", "detail": name}
+    found = [Result(name, "fail" if name in failing else "skip" if name.startswith("gpu.") else "pass", name)
              for name in names]
-    for row in found:
-        if row["check"] in failing:
-            row["status"] = "fail"
-    return found + [{"check": name, "status": "fail", "detail": "made to fail"} for name in failing
-                    if name not in names]
+    found += [Result(name, "fail", "made to fail") for name in failing if name not in names]
+    return SmokeReport(image, stack, tuple(found))
 
 
 def _commit(root: Path, message: str, date: str) -> None:
@@ -77,7 +76,7 @@ def regression_project(directory: Path) -> Path:
                         tags=(f"sglang:0.5.9-cu128-local-{'3' * 12}", "sglang:0.5.9-cu128-local"),
                         inputs_hash="3" * 64, base=base, source_date_epoch=1767225600, report=REPORT,
                         provenance=f"build-reports/{STACK}.provenance.json", engine=EngineIdentity("buildah", "1.39.3"))
-    records.record_build(STACK, image, {"passed": True, "results": _results()}, lock)
+    records.record_build(STACK, image, _report(IMAGE, STACK), lock)
     _commit(root, "built", DATES[0])
     records.record_bench(STACK, _bench(PASSING), path=lock)
     records.record_bench(STACK, _bench(EAGLE), path=lock)
@@ -85,10 +84,9 @@ def regression_project(directory: Path) -> Path:
     records.record_bench(STACK, _bench(REGRESSION), path=lock)
     _commit(root, "benched again: a regression", DATES[2])
     # Not committed: the working tree's lock is read after its history.
-    records.record_smoke(STACK, False, {"passed": False, "results": _results(FAILED_CHECK, ODD_CHECK)},
-                         image_id=IMAGE, path=lock)
-    records.record_smoke(REJECTED_STACK, False, {"passed": False, "results": _results(REJECTED_CHECK)},
-                         image_id=OTHER_IMAGE, path=lock)
+    records.record_smoke(STACK, _report(IMAGE, STACK, FAILED_CHECK, ODD_CHECK), image_id=IMAGE, path=lock)
+    records.record_smoke(REJECTED_STACK, _report(OTHER_IMAGE, REJECTED_STACK, REJECTED_CHECK), image_id=OTHER_IMAGE,
+                         path=lock)
     return root
 
 

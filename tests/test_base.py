@@ -10,7 +10,7 @@ import pytest
 from engine_helpers import BASE_EPOCH, EPOCH, TEST_BASE_TAG, tar_bytes
 
 from builder.cli import main as cli_main
-from builder.image.local_base import (
+from builder.base.local_base import (
     DEFAULT_PACKAGES,
     BaseSpec,
     image_config,
@@ -19,11 +19,11 @@ from builder.image.local_base import (
     mmdebstrap_command,
     write_image_archive,
 )
+from builder.cache.deb_cache import DebCache
 from builder.cli.commands.base import spec_from_args
-from builder.image.deb_cache import DebCache
-from lock_values import locked_base_packages, locked_base_spec
-from builder.engine.buildah import BuildahEngine
+from lock_values import locked_base_packages, locked_base_sources, locked_base_spec
 from builder.config.matrix import load_matrix
+from builder.engine.buildah import BuildahEngine
 from builder.engine.daemon import DockerDaemon
 
 
@@ -174,11 +174,11 @@ def test_real_base_is_reproducible_and_loaded_everywhere(base_image, tmp_path, m
     # folder as `builder base`'s default output is (build/base).
     monkeypatch.chdir(tmp_path)
     again = make_base(locked_base_spec(source_date_epoch=BASE_EPOCH, tag=TEST_BASE_TAG), Path("."), locked_base_packages(),
-                      DebCache())
+                      DebCache(), sources=locked_base_sources())
     assert again.rootfs_sha256 == base_image.rootfs_sha256
     assert again.image_id == base_image.image_id
     assert again.archive.read_bytes() == base_image.archive.read_bytes()
-    assert BuildahEngine().image_digest(TEST_BASE_TAG) == base_image.image_id
+    assert BuildahEngine().image_id(TEST_BASE_TAG) == base_image.image_id
     assert DockerDaemon().image_id(TEST_BASE_TAG) == base_image.image_id
     record = json.loads((tmp_path / "base-bookworm-amd64.json").read_text())
     assert record["image_id"] == base_image.image_id and record["source_date_epoch"] == BASE_EPOCH

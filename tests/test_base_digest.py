@@ -18,8 +18,8 @@ import requests
 
 from builder.config.stack import Base
 from builder.errors import UserError
-from builder.publish import base_digest
-from builder.publish.registry_http import Retry
+from builder.lock import base_digest
+from builder.net.registry_http import Retry
 from registries import Registry, TokenIssuer, free_port
 
 USER, PASSWORD = "builder", "s3cret-passw0rd"

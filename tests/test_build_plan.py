@@ -8,21 +8,22 @@ from pathlib import Path
 
 import pytest
 
+from builder.build_stack import build
+from builder.cache.deb_cache import DebCache
 from builder.config.matrix import load_matrix
+from builder.config.stack import AptSpec
 from builder.engine.progress import Progress
 from builder.errors import UserError
-from builder.config.stack import AptSpec
-from builder.image import build
-from builder.image.deb_cache import DebCache
 from builder.lock import store
 from builder.lock.model import SmokeRecord
 from checkouts import REPO, run_builder
-from lock_values import system_packages_of
+from lock_values import smoke_report, system_packages_of
 
 MATRIX = load_matrix(REPO / "matrix.toml")
 LOCAL = MATRIX.select(["sglang-0.5.9-cu128"], local_base=True)[0]
 REGISTRY_ROW = MATRIX.stack("sglang-0.5.9-cu128")
 IMAGE_ID = "sha256:" + "c" * 64
+PASSED, FAILED = smoke_report(image=IMAGE_ID), smoke_report(False, image=IMAGE_ID)
 
 
 @pytest.mark.parametrize("row", [LOCAL, REGISTRY_ROW], ids=["local", "registry"])
@@ -33,10 +34,10 @@ def test_every_row_builds_with_no_network_and_no_host_entries(tmp_path, row):
 
 
 @pytest.mark.parametrize("smoke, expected", [
-    ({"image_id": IMAGE_ID, "passed": True, "report": {"passed": True}}, {"passed": True}),
-    ({"image_id": "sha256:" + "d" * 64, "passed": True, "report": {"passed": True}}, None),  # another image
-    ({"image_id": IMAGE_ID, "passed": False, "report": {"passed": False}}, None),  # it failed
-    ({"image_id": IMAGE_ID, "passed": True, "report": "reports/smoke.json"}, None),  # no report to reuse
+    ({"image_id": IMAGE_ID, "passed": True, "report": PASSED.to_dict()}, PASSED),
+    ({"image_id": "sha256:" + "d" * 64, "passed": True, "report": PASSED.to_dict()}, None),  # another image
+    ({"image_id": IMAGE_ID, "passed": False, "report": FAILED.to_dict()}, None),  # it failed
+    ({"image_id": IMAGE_ID, "passed": True, "report": None}, None),  # no report to reuse
     (None, None),
 ])
 def test_the_lock_smoke_pass_stands_only_for_the_same_image(smoke, expected):

@@ -3,7 +3,6 @@ real sglang and flashinfer wheels, compatibility facts read from the wheels, the
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 import subprocess
@@ -16,12 +15,15 @@ import yaml
 
 from builder.bump import report as bump_report
 from builder.bump import compat_refresh
-from builder.config import compat
 from builder.bump.index import Index
+from builder.config import compat
 from builder.config.matrix import load_matrix
-from builder.image import patch_verdict
 from builder.lock import records
 from builder.lock.model import ImageRecord, LockedBase
+from builder.lock.smoke_report import SmokeReport
+from builder.patches import patch_verdict
+from lock_values import build_report
+from builder.runtime.smoke.report import Result
 
 REPO = Path(__file__).resolve().parent.parent
 PATCHES = REPO / "patches"
@@ -203,14 +205,15 @@ def _recorded_old_image(root: Path) -> None:
     """The old row's image as a build records it: a report with its layers and smoke summary."""
     reports = root / "build-reports"
     reports.mkdir()
-    (reports / "old.json").write_text(json.dumps({
-        "layers": [{"bytes": 5_000_000_000}, {"bytes": 6_550_000_000}],
-        "smoke": {"passed": True, "summary": {"pass": 28, "fail": 0, "skip": 16}}}))
     stack = load_matrix(REPO / "matrix.toml").stack("sglang-0.5.9-cu128-local")
+    checks = SmokeReport("sha256:" + "1" * 64, stack.name,
+                         tuple(Result(f"imports.m{i}", "pass" if i < 28 else "skip", "") for i in range(44)))
+    build_report(stack.name, checks.image, layer_sizes=(5_000_000_000, 6_550_000_000), smoke=checks).write(
+        reports / "old.json")
     base = LockedBase(stack.base.name, stack.base.image, True)
     records.record_build(stack.name, ImageRecord("sha256:" + "1" * 64, "sglang:old", ("sglang:old",), "f" * 64, base,
                                                  stack.source_date_epoch, "build-reports/old.json", "p.json"),
-                         {"passed": True}, root / "matrix.lock")
+                         checks, root / "matrix.lock")
 
 
 def test_report_lists_versions_rows_pins_verdicts_decisions_and_both_images(tmp_path):

@@ -1,4 +1,4 @@
-"""builder.engine.canonical: the layer and config form every buildah version gives alike, on hand-made tars
+"""builder.oci.canonical: the layer and config form every buildah version gives alike, on hand-made tars
 that reproduce what 1.28.2 and 1.39.3 write (measured: docs/engines.md)."""
 
 from __future__ import annotations
@@ -10,9 +10,10 @@ import tarfile
 
 import pytest
 
-from builder.engine import canonical, canonical_export
+from builder.engine import canonical_export
 from builder.engine.canonical_export import CanonicalIndex
 from builder.errors import BuildFailure
+from builder.oci import canonical
 
 EPOCH = 1735689600
 LONG = "opt/venv/lib/python3.11/site-packages/" + "a" * 120 + "/__init__.py"

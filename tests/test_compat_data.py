@@ -12,7 +12,7 @@ from packaging.utils import canonicalize_name, parse_wheel_filename
 from pip._internal.models.index import PyPI
 
 from builder.config.compat import compat_data
-from builder.image.patch_series import fetch_wheel
+from builder.patches.patch_series import fetch_wheel
 
 pytestmark = pytest.mark.network
 

@@ -14,14 +14,14 @@ from pathlib import Path
 import pytest
 
 from builder.config.matrix import load_matrix
-from builder.image import render
-from builder.image.compose import STOP_MARGIN_S, STOP_TIMEOUT_S
 from builder.lock import records, store
 from builder.lock.model import ImageRecord, LockedBase, PushRecord
 from builder.lock.resolution import lock_stacks
+from builder.render import render
+from builder.render.compose import STOP_MARGIN_S, STOP_TIMEOUT_S
 from checkouts import REPO
 from compose_tools import compose_binary
-from lock_values import base_digest_of, resolution_of, system_packages_of
+from lock_values import base_digest_of, resolution_of, smoke_report, system_packages_of
 
 MATRIX = load_matrix(REPO / "matrix.toml")
 COMPOSE_FILES = sorted((REPO / "images").glob("*/compose.yaml"))
@@ -147,7 +147,8 @@ def test_builds_and_pushes_leave_the_rendered_files_as_they_are(tmp_path):
     base = LockedBase(STACK.base.name, STACK.base.image, True)
     records.record_build(STACK.name, ImageRecord(IMAGE_ID, "sglang:0.5.9-cu128-local-0123456789ab",
                                                  ("sglang:0.5.9-cu128-local-0123456789ab",), "f" * 64, base,
-                                                 STACK.source_date_epoch, "r.json", "p.json"), {"passed": True},
+                                                 STACK.source_date_epoch, "r.json", "p.json"),
+                         smoke_report(image=IMAGE_ID, stack=STACK.name),
                          lock_path)
     records.record_push(STACK.name, PushRecord("registry.example:5000", "team/sglang", "0.5.9-cu128-local", DIGEST),
                         path=lock_path)

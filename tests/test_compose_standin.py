@@ -1,4 +1,4 @@
-"""The built cu128-local image served through its rendered compose file, as a GPU host runs it, with
+"""The built CUDA 13 image (the README's default row) served through its rendered compose file, as a GPU host runs it, with
 tests/compose/standin.override.yaml in place of the GPUs: pytest-docker's docker_services brings the
 `baseline` profile up (Docker Compose v2), the test waits until the Docker daemon reports the
 entrypoint's own health check healthy, runs `bench` against the server, and docker_services tears the
@@ -16,13 +16,12 @@ import docker
 import pytest
 
 from builder.paths import RUNTIME_UID
-from checkouts import REPO
+from checkouts import BUILT_STACK as STACK, REPO
 from compose_tools import compose_command
 from registries import free_port
 
 pytestmark = [pytest.mark.engine, pytest.mark.network, pytest.mark.slow]
 
-STACK = "sglang-0.5.9-cu128-local"
 RENDERED = REPO / "images" / STACK / "compose.yaml"
 OVERRIDE = REPO / "tests" / "compose" / "standin.override.yaml"
 SERVICE = "baseline"
@@ -117,7 +116,8 @@ def test_rendered_compose_file_serves_the_built_image_healthy_and_bench_runs_aga
     assert bench.exit_code == 0, output
     report = json.loads((compose_host.cache / "bench" / f"{STACK}-{SERVICE}.json").read_text())  # the cache mount
     assert report["stack"] == STACK and report["mode"] == SERVICE and report["url"] == "http://127.0.0.1:30000"
-    assert report["reference_tok_s"] == 89.5 and report["verdict"] in ("pass", "faster"), output
+    # No figure is pinned for this row or a row it replaces (bench/reference.toml): reported, not judged.
+    assert report["reference_tok_s"] is None and report["verdict"] == "unpinned", output
     assert report["metrics"]["output_tok_s"]["n"] == 2
     # The settings the compose file gives the container, as the daemon applied them.
     host_config = container.attrs["HostConfig"]

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from builder.image import context, tags
-from builder.errors import UserError
+from builder.build_stack import context
+from builder.config import tags
 from builder.config.matrix import load_matrix
+from builder.errors import UserError
 from checkouts import REPO, clone_checkout
 
 STACK = load_matrix(REPO / "matrix.toml").stack("sglang-0.5.9-cu128-local")

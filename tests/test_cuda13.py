@@ -15,6 +15,7 @@ import pytest
 
 from builder.config.compat import compat_data
 from builder.config.matrix import MatrixError, load_matrix
+from builder.render import render
 from builder.runtime import cuda_home, flashinfer_bake
 from builder.runtime.serve import bench, launch
 from builder.runtime.smoke import report, toolchain
@@ -82,7 +83,7 @@ def test_pcie_allreduce_fact_quotes_upstreams_figures_as_upstreams():
 def test_pcie_allreduce_module_is_in_the_listed_sglang_wheels_only():
     import zipfile
 
-    from builder.image.patch_series import fetch_wheel
+    from builder.patches.patch_series import fetch_wheel
 
     fact = compat_data()["serve_features"]["pcie-ipc-allreduce"]
     for version, present in [*((v, True) for v in fact["sglang"]), *((v, False) for v in fact["lacking"])]:
@@ -143,6 +144,33 @@ def test_the_serve_modes_name_the_modules_to_bake():
     assert "flashinfer_bake" not in (OLD / "Dockerfile").read_text()  # no nvcc wheel, nothing baked
 
 
+def test_the_bake_reads_only_its_inputs_and_a_sglang_patch_comes_after_it():
+    """bake.json holds what the bake reads (modules, targets, cache dir), so a patch's hash in stack.json
+    cannot start it again; the bake comes before the patches of sglang, which it never imports, and a
+    patch of flashinfer (whose sources it compiles) would come before it."""
+    inputs = json.loads((NEW / "bake.json").read_text())
+    assert inputs == flashinfer_bake.bake_inputs(stack_json(NEW)) == {
+        "modules": ["pcie_ipc_comm", "trtllm_comm"], "serve": {"cache_dir": "/cache"}, "target_arch": ["12.0"]}
+    steps = [line for line in (NEW / "Dockerfile").read_text().splitlines() if line.startswith(("RUN", "COPY"))]
+    bake = next(i for i, step in enumerate(steps) if "flashinfer_bake" in step and step.startswith("RUN"))
+    patches = [i for i, step in enumerate(steps) if "apply_patch.py" in step and step.startswith("RUN")]
+    assert len(patches) == 2 and bake < min(patches)
+    assert not any("stack.json" in step for step in steps[:bake])
+
+    patch = lambda distribution: render.RenderedPatch(distribution, "1", "0001-x.patch", "p", "t", "0" * 64, ())
+    sglang, flashinfer = patch("sglang"), patch("flashinfer-python")
+    assert render.patch_runs([flashinfer, sglang], bake=True) == ([flashinfer], [sglang])
+    assert render.patch_runs([flashinfer, sglang], bake=False) == ([flashinfer, sglang], [])
+
+
+@pytest.mark.parametrize("text", ["{", '{"serve": {}, "target_arch": ["12.0"]}'])
+def test_a_bake_json_it_cannot_read_is_one_line(tmp_path, capsys, text):
+    (tmp_path / "bake.json").write_text(text)
+    assert flashinfer_bake.main(["--inputs", str(tmp_path / "bake.json")]) == 1
+    error = capsys.readouterr().err
+    assert error.startswith("flashinfer_bake: error: ") and error.count("\n") == 1
+
+
 def test_seeding_copies_what_the_cache_lacks_and_keeps_what_it_has(tmp_path):
     seed = tmp_path / "seed"
     ops = seed.joinpath(*flashinfer_bake.CACHE_TREE, "0.7.2", "120f", "cached_ops")
@@ -201,7 +229,7 @@ def compiler_site(tmp_path_factory) -> Path:
     """The CUDA 13.0 compiler wheels the stack pins, unpacked as pip would into site-packages."""
     if shutil.which("gcc") is None:
         pytest.skip("nvcc needs a host compiler (gcc)")
-    from builder.image import patch_series
+    from builder.patches import patch_series
 
     site = tmp_path_factory.mktemp("site")
     for name, version in COMPILER_WHEELS.items():

@@ -11,11 +11,11 @@ import textwrap
 import pytest
 from engine_helpers import EPOCH, TEST_BASE_TAG, write_context
 
-from builder.engine.protocol import BuildRequest
 from builder.engine.buildah import BuildahEngine
 from builder.engine.daemon import DockerDaemon
+from builder.engine.protocol import BuildRequest
 from builder.errors import BuildFailure, UserError
-from builder.image.layer_diff import build_twice
+from builder.oci.layer_diff import build_twice
 
 pytestmark = pytest.mark.engine
 
@@ -92,7 +92,7 @@ def test_the_canonical_export_works_under_any_temporary_directory(base_image, tm
     result = engine.build(BuildRequest(context_dir=context, dockerfile=context / "Dockerfile", tags=[tag],
                                        source_date_epoch=EPOCH))
     try:
-        assert engine.image_digest(tag) == result.image_id
+        assert engine.image_id(tag) == result.image_id
         listed = subprocess.run(["buildah", "images", "--format", "{{.Name}}"], capture_output=True, text=True,
                                 check=True).stdout
         assert "builder-canonical" not in listed
@@ -121,7 +121,7 @@ def test_failed_step_is_named_with_its_output_and_moves_no_tag(base_image, tmp_p
             "echo boom-marker-2 && exit 3 (exit status 3); last output:"
         )
         assert "  | boom-marker-1" in message and "  | boom-marker-2" in message
-        assert engine.image_digest(tag) == previous.image_id
+        assert engine.image_id(tag) == previous.image_id
         assert DockerDaemon().image_id(tag) == previous.image_id
     finally:
         engine.remove(tag)

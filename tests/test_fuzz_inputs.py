@@ -417,7 +417,7 @@ def _keywords(dockerfile: str) -> list[str]:
 
 def _rendered(matrix_path: Path) -> dict:
     from builder.config.matrix import load_matrix
-    from builder.image import render
+    from builder.render import render
     matrix = load_matrix(matrix_path)
     return render.render_all(matrix.all_rows(), matrix.project, lambda stack: None)
 

@@ -1,4 +1,4 @@
-"""One image per inputs, on the real cu128 stack: a fresh clone builds the image the committed lock
+"""One image per inputs, on the real CUDA 13 stack (the README's default row): a fresh clone builds the image the committed lock
 records, clones at other paths with other remotes and stray files build the same one, and an immutable
 tag never moves. (`builder verify --against-lock` is tested on a small locked row in test_loopback_lock:
 on this stack it is one more 9-minute build from empty storage, which a cold CI run's first build is.)"""
@@ -15,11 +15,10 @@ import pytest
 
 from builder.engine.buildah import BuildahEngine
 from builder.lock import store
-from checkouts import REPO, run_builder
+from checkouts import BUILT_ROW, BUILT_STACK as STACK, REPO, run_builder
 
 pytestmark = [pytest.mark.engine, pytest.mark.network, pytest.mark.slow]
 
-STACK = "sglang-0.5.9-cu128-local"
 
 
 def git(*args: str, cwd: Path) -> str:
@@ -59,11 +58,11 @@ def test_clones_at_other_paths_with_other_remotes_and_stray_files_build_one_imag
     cache.mkdir()
     (cache / "entrypoint.cpython-311.pyc").write_bytes(b"\x00stale byte code from another interpreter")
     (second / "builder/runtime/notes.txt").write_text("an untracked file beside the in-image tools\n")
-    (second / "patches/sglang/0.5.9/0099-draft.patch").write_text("an untracked patch draft\n")
+    (second / "patches/sglang/0.5.23/0099-draft.patch").write_text("an untracked patch draft\n")
     env = {key: value for key, value in os.environ.items() if key != "BUILDER_LOCK"} | {"CI": "true"}
     ids = []
     for checkout in (first, second):
-        result = run_builder("build", "--local-base", "--stack", "sglang-0.5.9-cu128", env=env, cwd=checkout)
+        result = run_builder("build", "--local-base", "--stack", BUILT_ROW, env=env, cwd=checkout)
         assert result.returncode == 0, result.stderr[-4000:]
         ids.append(result.stdout.split()[-1])
         # The build's outputs that belong in git are the committed ones, byte for byte.
@@ -84,18 +83,18 @@ def test_an_immutable_tag_that_names_another_image_is_refused_and_nothing_moves(
     subprocess.run(["buildah", "commit", "--quiet", container, "localhost/planted:impostor"], check=True,
                    capture_output=True)
     subprocess.run(["buildah", "rm", container], check=True, capture_output=True)
-    impostor = engine.image_digest("localhost/planted:impostor")
+    impostor = engine.image_id("localhost/planted:impostor")
     try:
         engine.tag(impostor, immutable)  # in buildah's storage and the Docker daemon
-        result = run_builder("build", "--local-base", "--stack", "sglang-0.5.9-cu128", env=builder_env)
+        result = run_builder("build", "--local-base", "--stack", BUILT_ROW, env=builder_env)
         assert result.returncode == 1
         error = result.stderr.strip().splitlines()[-1]
         # Both engines named: the impostor's is in no lock record; this build's is the buildah that ran.
         assert error.startswith(f"builder: error: immutable tag {immutable} already names {impostor} (made by an "
                                 f"unrecorded engine) in buildah, this build made {report['image_id']} (with buildah ")
         assert "): first differing layer #1" in error
-        assert engine.image_digest(immutable) == impostor  # not moved back either: the build changed nothing
-        assert engine.image_digest(moving) == report["image_id"]
+        assert engine.image_id(immutable) == impostor  # not moved back either: the build changed nothing
+        assert engine.image_id(moving) == report["image_id"]
         assert docker.from_env().images.get(moving).id == report["image_id"]
     finally:
         engine.tag(report["image_id"], immutable)
@@ -108,23 +107,24 @@ def test_after_a_build_whose_input_changed_the_renders_and_the_lock_are_current(
     included) is what `builder render` would write."""
     _, report = built
     checkout = clone(tmp_path / "changed", str(REPO))
-    tool = checkout / "builder/runtime/stackinfo.py"
+    # driver.py: read by the serve tools only, not by the FlashInfer bake, whose layer is reused.
+    tool = checkout / "builder/runtime/driver.py"
     tool.write_text(tool.read_text() + "# an in-image tool changed\n")
     env = {key: value for key, value in os.environ.items() if key != "BUILDER_LOCK"} | {"CI": "true"}
     engine, made = BuildahEngine(), []
     try:
-        result = run_builder("build", "--local-base", "--stack", "sglang-0.5.9-cu128", env=env, cwd=checkout)
+        result = run_builder("build", "--local-base", "--stack", BUILT_ROW, env=env, cwd=checkout)
         assert result.returncode == 0, result.stderr[-4000:]
         new_id = result.stdout.split()[-1]
         assert new_id != report["image_id"]
         # The lock check asks about the rebuilt row: every other row with an image record was built from the
-        # stackinfo.py this clone changed, so it is rightly stale here.
-        for command in (["render", "--check"], ["lock", "--check", "--local-base", "--stack", "sglang-0.5.9-cu128"]):
+        # driver.py this clone changed, so it is rightly stale here.
+        for command in (["render", "--check"], ["lock", "--check", "--local-base", "--stack", BUILT_ROW]):
             check = run_builder(*command, env=env, cwd=checkout)
             assert check.returncode == 0, (command, check.stdout + check.stderr)
         changed = git("status", "--porcelain", "--untracked-files=no", cwd=checkout).splitlines()
         assert sorted(line[3:] for line in changed) == sorted([
-            "builder/runtime/stackinfo.py", "matrix.lock", f"build-reports/{STACK}.json",
+            "builder/runtime/driver.py", "matrix.lock", f"build-reports/{STACK}.json",
             f"build-reports/{STACK}.cdx.json"])
         image = store.entry(STACK, checkout / "matrix.lock").outcome.image
         made.append(image.immutable_tag)

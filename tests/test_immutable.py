@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from builder.build_stack import immutable
 from builder.engine.identity import EngineIdentity
 from builder.engine.protocol import ImageInfo, Layer
 from builder.errors import BuildFailure
-from builder.image import immutable
 from builder.lock.model import ImageRecord, LockedBase
 
 OLD, NEW = "sha256:" + "a" * 64, "sha256:" + "b" * 64

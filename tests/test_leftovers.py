@@ -24,8 +24,8 @@ from builder.engine import podman_service
 from builder.engine.buildah import BuildahEngine
 from builder.engine.ownership import OWNER_LABEL, Owner
 from builder.engine.progress import Progress
-from builder.image import smoke_host
-from builder.image.layer_diff import discard_storage
+from builder.oci.layer_diff import discard_storage
+from builder.smoke import smoke_host
 from engine_helpers import write_context
 from checkouts import REPO
 
@@ -33,13 +33,13 @@ pytestmark = pytest.mark.engine
 
 HANG = "localhost/leftovers-hang:test"
 CANDIDATE = "localhost/leftovers-candidate:x-0123456789ab"
-# A run that "builds" the hanging image and smoke-tests it, as builder/image/build.py does.
+# A run that "builds" the hanging image and smoke-tests it, as builder/build_stack/build.py does.
 RUN = textwrap.dedent(f"""
     import sys
     from pathlib import Path
     from builder.engine.buildah import BuildahEngine
     from builder.engine.progress import Progress
-    from builder.image import smoke_gate, smoke_host
+    from builder.smoke import smoke_gate, smoke_host
     engine = BuildahEngine(storage_dir=Path(sys.argv[1]), export_to_docker=False)
     with smoke_host.open_host(engine, Progress.for_environment()) as host:
         candidate = {CANDIDATE!r} + host.owner.tag_suffix()

@@ -13,13 +13,14 @@ from pathlib import Path
 import pytest
 
 from builder.config import reference_figures
+from builder.config.matrix import load_matrix
 from builder.engine.identity import EngineIdentity
+from builder.errors import BuildFailure, UserError
 from builder.lock import records, store
 from builder.lock.model import ImageRecord, LockedBase, PinnedRecord, PushRecord, SmokeRecord
 from builder.lock.resolution import check_current, lock_stacks, record_base, requirements
-from builder.errors import BuildFailure, UserError
-from builder.config.matrix import load_matrix
-from lock_values import IMAGE, OTHER_IMAGE, base_digest_of, bench_report, dist, resolution_of, system_packages_of
+from lock_values import (IMAGE, OTHER_IMAGE, base_digest_of, bench_report, dist, resolution_of, smoke_report,
+                         system_packages_of)
 
 REPO = Path(__file__).resolve().parent.parent
 MATRIX = load_matrix(REPO / "matrix.toml")
@@ -158,7 +159,7 @@ def test_entry_records_base_epoch_hashes_overrides_and_references(path):
 
 def test_requirements_for_renders_groups_pinned_to_the_locked_files(path):
     """One hash per distribution, the locked file's, and no index or URL: the build installs with
-    --no-index from a directory holding exactly those files (builder/image/wheel_cache.py)."""
+    --no-index from a directory holding exactly those files (builder/cache/wheel_cache.py)."""
     extra = dist("filelock", "3.20.0", "torch", hashes=("a" * 64, "b" * 64))
     locked(path, CU130, extra)
     texts = requirements(check_current(CU130, path).resolution)
@@ -203,7 +204,7 @@ def image_record(image=IMAGE, inputs_hash="f" * 64):
 
 def built(path, image=IMAGE):
     """A build that passed its smoke checks: `builder build` records nothing else."""
-    records.record_build(CU128.name, image_record(image), {"passed": True, "checks": []}, path=path)
+    records.record_build(CU128.name, image_record(image), smoke_report(image=image), path=path)
 
 
 def test_build_records_its_whole_outcome_in_one_write_then_pin(path, monkeypatch):
@@ -215,7 +216,7 @@ def test_build_records_its_whole_outcome_in_one_write_then_pin(path, monkeypatch
     assert writes == [path]
     outcome = entry(path).outcome
     assert outcome.status == "smoke-passed"
-    assert outcome.smoke == SmokeRecord(IMAGE, True, {"passed": True, "checks": []})
+    assert outcome.smoke == SmokeRecord(IMAGE, True, smoke_report())
     assert outcome.image == image_record()
     references = reference_figures.load(MATRIX.project.reference_figures, stacks=MATRIX.all_rows())[CU128.name]
     pinned = records.pin(CU128.name, references, path)
@@ -228,7 +229,7 @@ def test_the_engine_that_made_the_image_is_recorded_with_its_id(path):
     built(path)
     assert entry(path).outcome.image.engine is None  # a build that did not say: nothing invented
     identity = EngineIdentity("buildah", "1.39.3")
-    records.record_build(CU128.name, dataclasses.replace(image_record(), engine=identity), {"passed": True}, path=path)
+    records.record_build(CU128.name, dataclasses.replace(image_record(), engine=identity), smoke_report(), path=path)
     assert entry(path).outcome.image.engine == identity
     assert json.loads(path.read_text())["stacks"][CU128.name]["outcome"]["image"]["engine"] == {
         "name": "buildah", "version": "1.39.3"}
@@ -240,7 +241,7 @@ def test_pin_refuses_an_image_that_has_not_passed_smoke(path):
         records.pin(CU128.name, [], path)
     built(path)
     before = path.read_bytes()
-    records.record_smoke(CU128.name, passed=False, report={"passed": False}, path=path)
+    records.record_smoke(CU128.name, smoke_report(False), path=path)
     with pytest.raises(UserError, match=rf"^sglang-0.5.9-cu128 cannot be pinned: its image {IMAGE} has not "
                                         r"passed smoke \(status built\)$"):
         records.pin(CU128.name, [], path)
@@ -252,10 +253,10 @@ def test_a_failed_candidate_does_not_touch_the_recorded_image(path):
     locked(path)
     built(path)
     records.pin(CU128.name, [], path)
-    records.record_smoke(CU128.name, passed=False, report={"passed": False}, image_id=OTHER_IMAGE, path=path)
+    records.record_smoke(CU128.name, smoke_report(False, image=OTHER_IMAGE), image_id=OTHER_IMAGE, path=path)
     outcome = entry(path).outcome
     assert outcome.status == "pinned"
-    assert outcome.rejected_candidate == SmokeRecord(OTHER_IMAGE, False, {"passed": False})
+    assert outcome.rejected_candidate == SmokeRecord(OTHER_IMAGE, False, smoke_report(False, image=OTHER_IMAGE))
 
 
 def _pushed_measured_and_pinned(path):
@@ -348,4 +349,4 @@ def test_bench_report_for_another_stack_or_malformed_is_refused(path, tmp_path):
 def test_records_for_a_stack_never_locked_say_how_to_lock_it(path):
     locked(path)
     with pytest.raises(UserError, match=r"^sglang-0.5.9-cu130 is not in matrix.lock: run `builder lock --stack sglang-0.5.9-cu130` first$"):
-        records.record_build(CU130.name, image_record(), {"passed": True}, path=path)
+        records.record_build(CU130.name, image_record(), smoke_report(), path=path)

@@ -10,12 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from builder.image import context
+from builder.build_stack import context
+from builder.config.matrix import load_matrix
 from builder.lock import check as lock_check, records, store
 from builder.lock.model import ImageRecord, LockedBase
 from builder.lock.resolution import record_base
-from builder.config.matrix import load_matrix
 from checkouts import clone_checkout, run_builder
+from lock_values import build_report, smoke_report
 
 BASE = "sha256:" + "b" * 64
 IMAGE = "sha256:" + "1" * 64
@@ -32,14 +33,12 @@ def project(tmp_path, monkeypatch):
     record_base("debian-bookworm", BASE, path=root / "matrix.lock")
     inputs = context.build_inputs(stack, root, BASE)
     report = root / "build-reports" / f"{stack.name}.json"
-    report.parent.mkdir(exist_ok=True)
-    report.write_text(json.dumps({"inputs": {"files": [
-        {"path": f.path, "mode": f"{f.mode:o}", "sha256": f.sha256} for f in inputs.files]}}))
+    build_report(stack.name, IMAGE, inputs.files).write(report)
     base = LockedBase(stack.base.name, stack.base.image, True, image_id=BASE)
     records.record_build(stack.name, ImageRecord(
         image_id=IMAGE, immutable_tag="sglang:x", tags=("sglang:x", "sglang:y"), inputs_hash=inputs.hash, base=base,
         source_date_epoch=stack.source_date_epoch, report=f"build-reports/{stack.name}.json",
-        provenance="p.json"), {"passed": True}, root / "matrix.lock")
+        provenance="p.json"), smoke_report(image=IMAGE, stack=stack.name), root / "matrix.lock")
     return root, matrix, stack
 
 
@@ -74,7 +73,7 @@ def test_a_changed_patch_is_named(project):
 def test_a_new_base_digest_or_epoch_is_named(project):
     root, matrix, stack = project
     record_base("debian-bookworm", "sha256:" + "c" * 64, path=root / "matrix.lock")
-    assert f"(base digest {BASE} -> sha256:{'c' * 64})" in problems(root, matrix)[0]
+    assert f"(base pin {BASE} -> sha256:{'c' * 64})" in problems(root, matrix)[0]
     record_base("debian-bookworm", BASE, path=root / "matrix.lock")
     later = dataclasses.replace(stack, source_date_epoch=stack.source_date_epoch + 1)
     assert f"(SOURCE_DATE_EPOCH {stack.source_date_epoch} -> {stack.source_date_epoch + 1})" in \
@@ -103,7 +102,7 @@ def test_a_row_resolved_from_other_pins_is_named(project):
 
 def _lock_registry_row_debs(root: Path, matrix) -> tuple:
     """The cu128 registry row's system packages locked (made-up files) and its debs.txt rendered from them."""
-    from builder.image import render
+    from builder.render import render
     from lock_values import system_packages_of
     stack = matrix.stack("sglang-0.5.9-cu128")
     locked = system_packages_of(stack.base.apt)

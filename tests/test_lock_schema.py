@@ -13,6 +13,7 @@ import pytest
 from builder.lock import records, store
 from builder.lock.model import LockedBase
 from checkouts import run_builder
+from lock_values import smoke_report
 
 REPO = Path(__file__).resolve().parent.parent
 SCHEMA_1 = REPO / "tests" / "data" / "matrix.schema1.lock"
@@ -55,7 +56,8 @@ def test_reading_commands_leave_a_schema_1_file_alone(old_lock):
 
 def test_the_first_write_rewrites_it_as_schema_2_losing_nothing(old_lock):
     migrated = store.read(old_lock)
-    records.record_smoke(LOCAL, passed=True, report={"passed": True}, image_id="sha256:" + "9" * 64, path=old_lock)
+    records.record_smoke(LOCAL, smoke_report(image="sha256:" + "9" * 64, stack=LOCAL), image_id="sha256:" + "9" * 64,
+                         path=old_lock)
     data = json.loads(old_lock.read_text())
     assert data["schema"] == 2
     rewritten = store.read(old_lock)

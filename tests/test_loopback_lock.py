@@ -8,6 +8,7 @@ a wheel the server swapped."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import subprocess
@@ -16,20 +17,24 @@ from pathlib import Path
 
 import pytest
 
+from builder.base import dpkg
+from builder.build_stack import build, context
+from builder.cache import deb_cache, wheel_cache
 from builder.cli.main import main
 from builder.config.matrix import load_matrix
 from builder.engine.buildah import BuildahEngine
 from builder.engine.progress import Progress
-from builder.image import build, context, deb_cache, dpkg, wheel_cache
+from builder.errors import UserError
 from builder.lock import records, store
+from builder.lock import base_digest
 from builder.lock.model import ImageRecord, LockedBase
 from builder.lock.resolution import base_pin, check_current, record_base
-from builder.publish import base_digest
-from builder.publish.registry_http import Retry
-from builder.errors import UserError
+from builder.net.registry_http import Retry
+from builder.oci.layer_diff import discard_storage
 from loopback_debian import DebianMirror, Signer, real_debs
 from loopback_index import ROW_SYSTEM_PACKAGES, LoopbackServer, cu130_env, cu130_project, sha256_of
 from checkouts import REPO, run_builder
+from lock_values import smoke_report
 from registries import Registry, free_port
 
 pytestmark = pytest.mark.engine  # the registry's base is pushed from buildah's storage
@@ -277,6 +282,34 @@ def test_the_row_builds_on_the_local_base_from_the_fetched_wheels_with_no_networ
     assert origin["sgl-kernel"] == "SOURCE = 'v0.3.21'\n"
 
 
+@pytest.mark.network  # trixie's buildah comes from apt's default mirror
+def test_the_rows_dockerfile_built_by_either_buildah_is_the_image_the_builder_writes(locked, local_base, trixie_buildah,
+                                                                                   tmp_path, monkeypatch):
+    """One spec, two builders, on a small row: its rendered Dockerfile built by plain buildah (bookworm's
+    1.28.2, and trixie's 1.39.3 from its root) and put in canonical form is the image the builder writes
+    step by step: every layer the same bytes, so the same paths, types, modes, owners, sizes, contents,
+    times, link targets and xattrs, and one image id."""
+    monkeypatch.setenv("BUILDER_CACHE", str(tmp_path / "write-once-cache"))
+    request = _unpatched_local_row(locked, locked["project"].root, tmp_path / "cache")["request"]
+    bookworm = BuildahEngine(export_to_docker=False)
+    trixie = BuildahEngine(storage_dir=tmp_path / "storage-trixie", export_to_docker=False, command=trixie_buildah)
+    written_tag, built_tag = "localhost/loopback-row:written", "localhost/loopback-row:built"
+    try:
+        written = bookworm.write(dataclasses.replace(request, tags=(written_tag,)))
+        assert written.written_layers > 0 and written.reused_layers == 0
+        bookworm.save(local_base, tmp_path / "base.docker.tar")
+        trixie.load(tmp_path / "base.docker.tar")
+        assert trixie.version().startswith("1.39")
+        for engine in (bookworm, trixie):
+            built = engine.build(dataclasses.replace(request, tags=(built_tag,), no_cache=True))
+            assert [layer.diff_id for layer in built.layers] == [layer.diff_id for layer in written.layers]
+            assert built.image_id == written.image_id
+    finally:
+        for tag in (written_tag, built_tag):
+            bookworm.remove(tag)
+        discard_storage(trixie, trixie.storage_dir)
+
+
 def _git(root: Path, *args: str) -> None:
     subprocess.run(["git", "-c", "user.name=test", "-c", "user.email=test@example.invalid", *args], cwd=root,
                    check=True, capture_output=True)
@@ -301,7 +334,7 @@ def test_verify_against_lock_rebuilds_head_from_empty_storage_and_names_a_plante
         records.record_build(stack.name, ImageRecord(
             image_id=result.image_id, immutable_tag=request.tags[0], tags=request.tags, inputs_hash=inputs.hash,
             base=row["resolution"].base, source_date_epoch=stack.source_date_epoch, report="", provenance="",
-            engine=result.identity), {}, row["lock"])
+            engine=result.identity), smoke_report(image=result.image_id, stack=stack.name), row["lock"])
         _git(root, "init", "--quiet")
         _git(root, "add", "--all")
         _git(root, "commit", "--quiet", "-m", "the locked row")

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from builder.cli import main as cli_main
-from builder.image import patch_series
 from builder.errors import UserError
+from builder.patches import patch_series
 from builder.runtime import apply_patch
 REPO = Path(__file__).resolve().parent.parent
 PATCHES = REPO / "patches"

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from builder.image import patch_series
+from builder.patches import patch_series
 from checkouts import REPO
 
 torch = pytest.importorskip("torch", reason="the patched modules import torch (the CPU build is enough)")

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from builder.image import patch_series
+from builder.patches import patch_series
 from checkouts import REPO
 from test_patches_effects import GROUP, Tree, gpu, symm_mem  # noqa: F401 (fixtures)
 

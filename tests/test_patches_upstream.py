@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from builder.image import patch_series
+from builder.patches import patch_series
 from builder.runtime import apply_patch
 pytestmark = pytest.mark.network
 

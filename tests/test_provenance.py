@@ -7,8 +7,8 @@ import platform
 import socket
 from datetime import datetime, timezone
 
-from builder.image import provenance
-from builder.image.context import BuildInputs
+from builder.build_stack import provenance
+from builder.build_stack.context import BuildInputs
 
 
 def test_the_statement_holds_no_host_name(monkeypatch):

@@ -19,6 +19,7 @@ from builder.errors import BuildFailure, UserError
 from builder.config.matrix import load_matrix
 
 from compose_tools import compose_command
+from lock_values import smoke_report
 from registries import Registry, free_port
 
 REPO = Path(__file__).resolve().parent.parent
@@ -109,7 +110,7 @@ def test_push_then_pull_by_digest(client, live_registry, image, cu128_lock, caps
     record_cu128(cu128_lock, image)
     pushed = registry.push(STACK.name, live_registry.host, client=client, lock_path=cu128_lock)
     digest = live_registry.manifest_digest(image["repository"], "0.5.9-cu128-abc123")
-    assert pushed["digest"] == digest
+    assert pushed.manifest_digest == digest
     outcome = store.entry(STACK.name, cu128_lock).outcome
     assert outcome.push == PushRecord(live_registry.host, image["repository"], "0.5.9-cu128-abc123", digest)
     assert outcome.push.reference == f"{live_registry.host}/{image['repository']}@{digest}"
@@ -202,8 +203,8 @@ def test_a_registry_that_recovers_gets_the_push(client, image, cu128_lock, tmp_p
         pushed = registry.push(STACK.name, server.host, retry=registry.Retry(4, 0.01, sleeps),
                                client=client, lock_path=cu128_lock)
         assert sleeps.delays == [0.01, 0.02]
-        assert pushed["digest"] == server.manifest_digest(image["repository"], "0.5.9-cu128-abc123")
-        assert store.entry(STACK.name, cu128_lock).outcome.push.manifest_digest == pushed["digest"]
+        assert pushed.manifest_digest == server.manifest_digest(image["repository"], "0.5.9-cu128-abc123")
+        assert store.entry(STACK.name, cu128_lock).outcome.push.manifest_digest == pushed.manifest_digest
         err = capsys.readouterr().err
         assert "unreachable (connection refused); retrying in 0.01 s (attempt 2 of 4)" in err
         assert "answered HTTP 500 on /v2/; retrying in 0.02 s (attempt 3 of 4)" in err
@@ -228,7 +229,7 @@ def test_pull_and_push_refuse_what_the_lock_does_not_support(client, image, cu12
     with pytest.raises(UserError, match=rf"^{STACK.name}: no image recorded in matrix.lock: run `builder build"):
         registry.push(STACK.name, "127.0.0.1:5000", client=client, lock_path=cu128_lock)
     record_cu128(cu128_lock, image)
-    records.record_smoke(STACK.name, passed=False, report={"passed": False}, path=cu128_lock)
+    records.record_smoke(STACK.name, smoke_report(False, image=image["id"], stack=STACK.name), path=cu128_lock)
     with pytest.raises(UserError, match=rf"^{STACK.name}: image {image['id']} has not passed smoke"):
         registry.push(STACK.name, "127.0.0.1:5000", client=client, lock_path=cu128_lock)
     with pytest.raises(UserError, match=rf"^{STACK.name}: matrix.lock records no push; run `builder push"):

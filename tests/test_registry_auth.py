@@ -14,11 +14,12 @@ import bcrypt
 import pytest
 import requests
 
-from builder.lock import store
-from builder.publish import registry, registry_auth
 from builder.cli.main import main
 from builder.config.matrix import load_matrix
 from builder.errors import BuildFailure, UserError
+from builder.lock import store
+from builder.net import registry_auth
+from builder.publish import registry
 
 from checkouts import REPO
 from compose_tools import compose_command
@@ -124,9 +125,9 @@ def test_right_credentials_push(client, secured, image, cu128_lock, tmp_path, mo
     record_cu128(cu128_lock, image)
     pushed = registry.push(STACK.name, secured.host, client=client, lock_path=cu128_lock)
     assert manifest_config_digest(secured, image["repository"]) == image["id"]
-    assert store.entry(STACK.name, cu128_lock).outcome.push.manifest_digest == pushed["digest"]
+    assert store.entry(STACK.name, cu128_lock).outcome.push.manifest_digest == pushed.manifest_digest
     # The same image again: the probe reads the tag (authenticated) and finds this very image.
-    assert registry.push(STACK.name, secured.host, client=client, lock_path=cu128_lock)["digest"] == pushed["digest"]
+    assert registry.push(STACK.name, secured.host, client=client, lock_path=cu128_lock).manifest_digest == pushed.manifest_digest
 
 
 def test_an_existing_immutable_tag_is_refused(client, secured, image, cu128_lock, tmp_path, monkeypatch, record_cu128):
@@ -206,7 +207,7 @@ def test_bearer_challenge_token_push_and_the_immutable_tag(client, token_secured
     pushed = registry.push(STACK.name, server.host, client=client, lock_path=cu128_lock)
     assert bearer_manifest_digest(server, image["repository"]) == image["id"]
     assert any(f"scope=repository%3A{image['repository']}%3Apull" in r for r in server.token.requests)
-    assert registry.push(STACK.name, server.host, client=client, lock_path=cu128_lock)["digest"] == pushed["digest"]
+    assert registry.push(STACK.name, server.host, client=client, lock_path=cu128_lock).manifest_digest == pushed.manifest_digest
     client.api.import_image_from_data(b"\0" * 4096, repository=image["repository"], tag="other")
     other_id = client.images.get(f"{image['repository']}:other").id
     try:

@@ -28,8 +28,8 @@ import pytest
 from builder.config.matrix import load_matrix
 from builder.errors import UserError
 from builder.lock import store
-from builder.publish import base_digest
-from builder.publish.registry_http import Retry
+from builder.lock import base_digest
+from builder.net.registry_http import Retry
 from loopback_debian import DebianMirror, Signer, real_debs
 from loopback_index import ROW_SYSTEM_PACKAGES, LoopbackServer, cu130_env, cu130_project
 from netns_registry import MANIFEST

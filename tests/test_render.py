@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from builder.image import render
 from builder.cli.main import main
 from builder.config.matrix import load_matrix
+from builder.render import render
 from builder.runtime import stackinfo
 REPO = Path(__file__).resolve().parent.parent
 MATRIX = load_matrix(REPO / "matrix.toml")
@@ -30,8 +30,8 @@ def test_committed_images_match_rendering():
 RENDER_DIGEST = """
 import hashlib, json, sys
 from builder.config.matrix import load_matrix
+from builder.render import render
 from builder.runtime import stackinfo
-from builder.image import render
 matrix = load_matrix(sys.argv[1])
 files = render.render_all(matrix.all_rows(), matrix.project)
 print(hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest())

@@ -210,3 +210,42 @@ def test_parse_annotated_reads_via_and_from():
     assert entries["demo-app"].parents == ()
     assert entries["demo-kernel"].url == "https://h/demo_kernel-1.0-py3-none-any.whl"
     assert entries["demo-kernel"].version is None
+
+
+def _graph_pass_sees_an_older_page(monkeypatch, page: Path, times: int) -> list[list[str]]:
+    """The index's page for one project loses its files during uv's graph pass, `times` times, as a
+    mirror edge answering with an older copy does; returns every uv command line run."""
+    real_run, calls, served = resolve._run_uv, [], page.read_text()
+
+    def run(stack, argv):
+        calls.append(argv)
+        graph_pass = "-c" in argv
+        if graph_pass and sum("-c" in c for c in calls) <= times:
+            page.write_text("<!DOCTYPE html><html><body>\n</body></html>\n")
+        try:
+            return real_run(stack, argv)
+        finally:
+            page.write_text(served)
+
+    monkeypatch.setattr(resolve, "_run_uv", run)
+    return calls
+
+
+def test_a_page_that_changes_between_the_two_passes_is_read_again(demo, monkeypatch, tmp_path):
+    monkeypatch.setenv("UV_CACHE_DIR", str(tmp_path / "uv-cache"))
+    page = Path(demo["files"]["demo_lib-1.0-py3-none-any.whl"]).parents[2] / "default/simple/demo-lib/index.html"
+    calls = _graph_pass_sees_an_older_page(monkeypatch, page, times=1)
+    found = {d.name: d.version for d in resolve.resolve(demo_stack(demo)).distributions}
+    assert found["demo-lib"] == "1.0"
+    assert len(calls) == 4  # pins, graph (older page), pins, graph
+
+
+def test_a_page_that_keeps_changing_is_one_line_naming_the_index(demo, monkeypatch, tmp_path):
+    monkeypatch.setenv("UV_CACHE_DIR", str(tmp_path / "uv-cache"))
+    page = Path(demo["files"]["demo_lib-1.0-py3-none-any.whl"]).parents[2] / "default/simple/demo-lib/index.html"
+    _graph_pass_sees_an_older_page(monkeypatch, page, times=2)
+    with pytest.raises(UserError) as caught:
+        resolve.resolve(demo_stack(demo))
+    message = str(caught.value)
+    assert "\n" not in message
+    assert "demo-lib" in message and "changed between two reads, 2 times" in message

@@ -12,12 +12,12 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from builder.config.matrix import load_matrix
+from builder.errors import UserError
 from builder.lock import resolve
+from builder.lock import base_digest, debian_archive
 from builder.lock.model import DEFAULT_INDEX
 from builder.lock.resolution import lock_stacks
-from builder.publish import base_digest, debian_archive
-from builder.errors import UserError
-from builder.config.matrix import load_matrix
 
 REPO = Path(__file__).resolve().parent.parent
 MATRIX = load_matrix(REPO / "matrix.toml")

@@ -18,12 +18,12 @@ import pytest
 from cyclonedx.schema import SchemaVersion
 from cyclonedx.validation.json import JsonStrictValidator
 
-from builder.image import sbom
-from builder.lock import store
-from builder.lock.resolution import lock_stacks, record_base
-from builder.errors import BuildFailure
+from builder.build_stack import sbom
 from builder.config.matrix import load_matrix
+from builder.errors import BuildFailure
+from builder.lock import store
 from builder.lock.model import Distribution
+from builder.lock.resolution import lock_stacks, record_base
 from builder.lock.resolve import PLATFORM, WheelResolution
 from lock_values import base_digest_of, system_packages_of
 
@@ -71,6 +71,37 @@ def test_bom_components_hashes_and_lock_agreement():
     # Same inputs, same bytes.
     again = sbom.JsonV1Dot6(sbom.build_bom(STACK.name, "sha256:" + "f" * 64, installed, locked, EPOCH))
     assert again.output_as_string(indent=2) == text
+
+
+class NoDocker:
+    """A client no call may reach: any attribute asked for fails the test."""
+
+    def __getattr__(self, name):
+        raise AssertionError(f"the SBOM asked the image again ({name})")
+
+
+def test_an_sbom_made_for_this_image_is_kept_and_one_for_another_is_not(tmp_path):
+    """The committed SBOM of each local row names its image by serial; a build of that very image keeps it
+    (no container runs), --resmoke (reuse=False) and any other image id do not."""
+    lock = store.read(REPO / "matrix.lock")
+    for name in ("sglang-0.5.9-cu128-local", "sglang-0.5.23-cu130-local"):
+        committed = REPO / "build-reports" / f"{name}.cdx.json"
+        image_id = lock.get(name).outcome.image.image_id
+        assert sbom.made_for(committed, name, image_id)
+        assert not sbom.made_for(committed, name, "sha256:" + "0" * 64)
+        assert not sbom.made_for(committed, "another-row", image_id)
+        copy = tmp_path / f"{name}.cdx.json"
+        copy.write_bytes(committed.read_bytes())
+        resolution = lock.get(name).resolution
+        assert sbom.write_bom(copy, name, image_id, resolution, client=NoDocker(), reuse=True) == copy
+        assert copy.read_bytes() == committed.read_bytes()
+        with pytest.raises(AssertionError, match="asked the image again"):
+            sbom.write_bom(copy, name, "sha256:" + "0" * 64, resolution, client=NoDocker(), reuse=True)
+        with pytest.raises(AssertionError, match="asked the image again"):
+            sbom.write_bom(copy, name, image_id, resolution, client=NoDocker(), reuse=False)
+    (tmp_path / "damaged.cdx.json").write_text("{not json")
+    assert not sbom.made_for(tmp_path / "damaged.cdx.json", "row", "sha256:" + "0" * 64)
+    assert not sbom.made_for(tmp_path / "absent.cdx.json", "row", "sha256:" + "0" * 64)
 
 
 def test_sbom_path_sits_beside_the_report():

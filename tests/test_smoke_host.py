@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from builder.image import smoke_gate
 from builder.cli.main import main
 from builder.errors import BuildFailure, UserError
 from builder.runtime.smoke import report as smoke_report
+from builder.smoke import smoke_gate
 from engine_helpers import TEST_BASE_TAG
 
 REPO = Path(__file__).resolve().parents[1]

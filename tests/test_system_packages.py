@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
+from builder.base.local_base import DEFAULT_PACKAGES
+from builder.cache.deb_cache import DebCache
 from builder.config.stack import AptSpec
 from builder.errors import BuildFailure, UserError
-from builder.image.deb_cache import DebCache
-from builder.image.local_base import DEFAULT_PACKAGES
-from builder.publish import debian_archive
+from builder.lock import debian_archive
 from builder.lock import store
 from builder.lock import system_packages as locked_debs
 from loopback_debian import DebianMirror, Signer, control, real_debs, rebuilt
@@ -221,3 +221,28 @@ def test_a_fetch_takes_the_mirror_from_the_sources_by_archive_and_suite(tmp_path
         DebCache(tmp_path / "cache").fill(locked_debs.SystemPackages(
             "debian", "amd64", "added", ("xz",), (archive,),
             (locked_debs.DebPackage("xz", "1", "amd64", "pool/main/x/xz_1_amd64.deb", 1, "0" * 64, 0),)), "row")
+
+
+@pytest.mark.parametrize("mismatches, refused", [(1, False), (2, True)])
+def test_a_packages_file_caught_mid_sync_is_read_once_more_and_refused_the_second_time(monkeypatch, mismatches,
+                                                                                      refused):
+    """A mirror replaces InRelease and its Packages files a few seconds apart while it syncs: one mismatch
+    is read again from InRelease on; a second is the one-line refusal."""
+    source = debian_archive.AptSource("http://127.0.0.1:9/debian", "bookworm", ("main",))
+    reads = []
+
+    def read(source, keyring, architecture):
+        reads.append(source)
+        if len(reads) <= mismatches:
+            raise debian_archive._IndexMismatch(f"{source.uri} bookworm: main/binary-amd64/Packages.xz does not "
+                                                "match the sha256 its signed InRelease lists; refused")
+        return "index"
+
+    monkeypatch.setattr(debian_archive, "_read_source", read)
+    monkeypatch.setattr(debian_archive.time, "sleep", lambda seconds: None)
+    if refused:
+        with pytest.raises(UserError, match="does not match the sha256 its signed InRelease lists; refused$"):
+            debian_archive.read_source(source, Path("/dev/null"), "amd64")
+    else:
+        assert debian_archive.read_source(source, Path("/dev/null"), "amd64") == "index"
+    assert len(reads) == 2

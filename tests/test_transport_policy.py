@@ -9,8 +9,8 @@ import json
 import pytest
 
 from builder.errors import UserError
-from builder.publish import transport_policy
-from builder.publish.transport_policy import Kind, Login, Policy, Refused
+from builder.net import transport_policy
+from builder.net.transport_policy import Kind, Login, Policy, Refused
 
 POLICY = Policy.from_entries(["http://registry.lan:5000", "10.9.0.0/24"], "/etc/docker/daemon.json")
 

@@ -19,15 +19,18 @@ from pathlib import Path
 import pytest
 import yaml
 
+from builder.cache import deb_cache, wheel_cache
 from builder.cli.main import main as builder_main
 from builder.config.matrix import load_matrix
+from builder.engine import buildah
 from builder.errors import UserError
-from builder.image import compose, deb_cache, render, wheel_cache
-from builder.image.patch_series import series_for
 from builder.lock import store
 from builder.lock.system_packages import DebArchive, DebPackage, SystemPackages
+from builder.net import transport_policy
+from builder.patches.patch_series import series_for
 from builder.paths import Project
-from builder.publish import engine_push, registry, transport_policy
+from builder.publish import engine_push, registry
+from builder.render import compose, render
 from checkouts import REPO, link_project_files
 
 MATRIX_TEXT = (REPO / "matrix.toml").read_text()
@@ -187,9 +190,10 @@ def test_buildah_push_verifies_tls_unless_the_parsed_host_is_loopback(monkeypatc
         seen.append(argv)
         Path(argv[argv.index("--digestfile") + 1]).write_text("sha256:" + "a" * 64)
 
-    monkeypatch.setattr(engine_push, "run_quiet", run_quiet)
-    engine_push.push("sha256:" + "b" * 64, f"{host}/r:t", host, None, lambda message: False,
-                     transport_policy.Policy())
+    monkeypatch.setattr(buildah, "run_quiet", run_quiet)
+    engine_push.push(buildah.BuildahEngine(export_to_docker=False), "sha256:" + "b" * 64, f"{host}/r:t", host, None,
+                     lambda message: False, transport_policy.Policy())
+    assert seen[0][0] == "buildah" and seen[0][-2:] == ["sha256:" + "b" * 64, f"docker://{host}/r:t"]
     assert f"--tls-verify={'true' if verify else 'false'}" in seen[0]
     assert ("--tls-verify=false" in seen[0]) is not verify
     assert (transport_policy.Policy().kind(host) is transport_policy.Kind.LOOPBACK) is not verify
@@ -299,7 +303,7 @@ def test_a_planted_wrong_hash_wheel_is_removed_and_reported_as_missing(tmp_path,
 
 
 def test_a_checked_wheel_is_not_hashed_again_until_it_changes(tmp_path, monkeypatch, capsys):
-    from builder.image import content_check
+    from builder.cache import content_check
     cache = wheel_cache.WheelCache(tmp_path / "cache")
     wheel = _wheel(tmp_path, b"the real wheel")
     cache.path(wheel).parent.mkdir(parents=True)

@@ -1,4 +1,4 @@
-"""builder.image.layer_diff: naming the first differing layer and its files, on hand-made archives and on a
+"""builder.oci.layer_diff: naming the first differing layer and its files, on hand-made archives and on a
 real build with a planted non-determinism."""
 
 import hashlib
@@ -12,7 +12,7 @@ from engine_helpers import EPOCH, TEST_BASE_TAG, tar_bytes, write_context
 from builder.engine import storage_engine
 from builder.engine.protocol import BuildRequest
 from builder.errors import UserError
-from builder.image.layer_diff import (
+from builder.oci.layer_diff import (
     FileDifference, LayerRef, build_twice, compare, config_differences, layer_entries, read_image)
 
 
@@ -145,7 +145,7 @@ RUN echo after > /after.txt
 
 
 def test_a_difference_names_both_engines_last_and_an_identical_result_stays_one_line():
-    from builder.image.layer_diff import Comparison
+    from builder.oci.layer_diff import Comparison
     a, b = "sha256:" + "a" * 64, "sha256:" + "b" * 64
     differ = Comparison(a, b, layer_index=1, step="RUN x", files=(FileDifference("opt/x", "mode"),),
                         first_engine="buildah 1.28.2 (matrix.lock)", second_engine="buildah 1.39.3 (this build)")

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from builder.cache import wheel_cache
 from builder.errors import BuildFailure, UserError
-from builder.image import wheel_cache
 from builder.lock import store
 from builder.lock.model import Distribution, LockedBase, Resolution
 from tests.checkouts import REPO

@@ -245,7 +245,7 @@ def test_comparing_a_layout_whose_config_is_damaged_says_so(tmp_path):
     """layer_diff reads layouts through layout.py now: a config blob that is not its digest is named,
     where it used to be read as the image (and its hash reported as the image's id)."""
     from builder.errors import UserError
-    from builder.image.layer_diff import read_image
+    from builder.oci.layer_diff import read_image
 
     layout = Layout.create(tmp_path / "layout")
     layer = layout.write_blob(b"")

@@ -2,10 +2,13 @@
 changes written once as a canonical layer, and the image the same, by id, as the engine's image of
 the same Dockerfile in canonical form."""
 
+import dataclasses
 import json
 import os
 import resource
+import signal
 import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -14,10 +17,12 @@ from engine_helpers import EPOCH, TEST_BASE_TAG, write_context
 
 from builder.engine import write_once
 from builder.engine.buildah import BuildahEngine
+from builder.engine.image_names import image_names
 from builder.engine.protocol import BuildRequest
-from builder.errors import BuildFailure
+from builder.errors import BuildFailure, UserError
 from builder.oci import dockerfile_plan, tree_layer
-from builder.oci.layout import Layout, scratch_layout
+from builder.oci.layer_diff import discard_storage
+from builder.oci.layout import Layout
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -150,7 +155,7 @@ ENV FOO=bar \\
     PATH=/opt/bin:/usr/bin:/bin
 COPY data/ /opt/data/
 RUN ["/bin/sh", "-c", "rm -rf /opt/data && mkdir -p /opt/data/sub && cp /opt/t/a.txt /opt/data/ && rm /etc/issue"]
-COPY data/a.txt data/run.sh /opt/multi/
+COPY data/a.txt data/run.sh late.txt /opt/multi/
 WORKDIR /opt/data
 USER 1001:1001
 RUN ["/bin/sh", "-c", "id -u > /tmp/who && pwd >> /tmp/who && echo $FOO $SOURCE_DATE_EPOCH >> /tmp/who"]
@@ -162,43 +167,183 @@ LABEL a.b="x y" \\
 """
 
 
+def _tiny_request(tmp_path: Path, tag: str, no_cache: bool = False) -> BuildRequest:
+    context = tmp_path / "ctx"
+    if not context.is_dir():
+        write_context(context, TINY)
+        (context / "data").mkdir()
+        (context / "data" / "a.txt").write_text("hello\n")
+        (context / "data" / "run.sh").write_text("#!/bin/sh\n")
+        (context / "late.txt").write_text("read after two RUN steps\n")
+        os.chmod(context / "data" / "a.txt", 0o640)
+        os.chmod(context / "data" / "run.sh", 0o755)
+    return BuildRequest(context_dir=context, dockerfile=context / "Dockerfile", tags=(tag,),
+                        source_date_epoch=EPOCH, build_args={"SOURCE_DATE_EPOCH": str(EPOCH)}, network="none",
+                        # buildah 1.28's layer cache ignores --timestamp: a layer cached by another
+                        # test's epoch would be reused with that epoch's times.
+                        no_cache=no_cache)
+
+
+def _runs(tag: str) -> str:
+    nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    pid_max = Path("/proc/sys/kernel/pid_max").read_text().strip()
+    ran = subprocess.run(["podman", "run", "--rm", "--network", "none", "--ulimit", f"nofile={nofile}",
+                          "--ulimit", f"nproc={pid_max}", tag], capture_output=True, text=True)
+    return ran.stdout + ran.stderr
+
+
 @pytest.mark.engine
-def test_the_written_image_is_the_engines_image_by_id(base_image, tmp_path):
+def test_the_written_image_is_the_engines_image_by_id_and_its_cache_is_keyed_by_inputs(base_image, tmp_path,
+                                                                                      monkeypatch):
     """The same Dockerfile, built by buildah and put in canonical form, and written by the builder
-    step by step: one image id, and the imported image runs. The steps cover a file, a directory and
+    step by step: one image id, and the written image runs. The steps cover a file, a directory and
     several files copied, a bind mount, a hard and a symbolic link, an owner, whiteouts (two in one
-    layer), a directory removed and made again (opaque), ENV, WORKDIR, USER and the exec-form configs."""
-    context = write_context(tmp_path / "ctx", TINY)
-    (context / "data").mkdir()
-    (context / "data" / "a.txt").write_text("hello\n")
-    (context / "data" / "run.sh").write_text("#!/bin/sh\n")
-    os.chmod(context / "data" / "a.txt", 0o640)
-    os.chmod(context / "data" / "run.sh", 0o755)
-    request = BuildRequest(context_dir=context, dockerfile=context / "Dockerfile",
-                           tags=("localhost/write-once-engine:1",), source_date_epoch=EPOCH,
-                           build_args={"SOURCE_DATE_EPOCH": str(EPOCH)}, network="none",
-                           # buildah 1.28's layer cache ignores --timestamp: a layer cached by another
-                           # test's epoch would be reused with that epoch's times.
-                           no_cache=True)
+    layer), a directory removed and made again (opaque), ENV, WORKDIR, USER and the exec-form configs.
+    Written again, every layer comes from the cache and nothing runs; with one copied file changed,
+    the layers from its first reader on are written again, and the image is still the engine's."""
+    monkeypatch.setenv("BUILDER_CACHE", str(tmp_path / "cache"))
     engine = BuildahEngine(export_to_docker=False)
-    written_tag = "localhost/write-once-written:1"
+    built_tag, written_tag = "localhost/write-once-engine:1", "localhost/write-once-written:1"
     try:
-        built = engine.build(request)
-        workdir = tmp_path / "work"
-        with scratch_layout(workdir, "layout") as layout:
-            config, layers, written = write_once.write_image(["buildah"], request, layout, workdir, "test")
-            assert written.image_id == built.image_id
-            assert [layer["digest"] for layer in layers] == [layer.diff_id for layer in built.layers]
-            for layer in layers:
-                assert layout.has_blob(layer["digest"])
-            write_once.import_image(["buildah"], layout, written.image_id, written_tag)
-        assert engine.image_id(written_tag) == built.image_id
-        nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
-        pid_max = Path("/proc/sys/kernel/pid_max").read_text().strip()
-        ran = subprocess.run(["podman", "run", "--rm", "--network", "none", "--ulimit", f"nofile={nofile}",
-                              "--ulimit", f"nproc={pid_max}", written_tag], capture_output=True, text=True)
-        assert ran.stdout == f"1001\n/opt/data\nbar {EPOCH}\n", ran.stderr
+        built = engine.build(_tiny_request(tmp_path, built_tag, no_cache=True))
+        written = engine.write(_tiny_request(tmp_path, written_tag))
+        assert written.image_id == built.image_id
+        assert [layer.diff_id for layer in written.layers] == [layer.diff_id for layer in built.layers]
+        assert (written.written_layers, written.reused_layers) == (6, 0)
+        assert _runs(written_tag) == f"1001\n/opt/data\nbar {EPOCH}\n"
+        store = Layout(tmp_path / "cache" / "write-once" / "layout")
+        assert all(store.has_blob(layer.diff_id) for layer in written.layers)
+
+        again = engine.write(_tiny_request(tmp_path, written_tag))
+        assert (again.image_id, again.written_layers, again.reused_layers) == (written.image_id, 0, 6)
+
+        # data/run.sh is first read by the RUN that mounts data/: that step and every one after it run
+        # again; the first COPY (data/a.txt alone) is reused.
+        (tmp_path / "ctx" / "data" / "run.sh").write_text("#!/bin/sh\necho changed\n")
+        changed = engine.write(_tiny_request(tmp_path, written_tag))
+        assert (changed.written_layers, changed.reused_layers) == (5, 1)
+        rebuilt = engine.build(_tiny_request(tmp_path, built_tag, no_cache=True))
+        assert changed.image_id == rebuilt.image_id != written.image_id
+        assert _runs(written_tag) == f"1001\n/opt/data\nbar {EPOCH}\n"
+
+        # late.txt is first read after two RUN steps: the working container starts on a cached prefix
+        # whose layers left the engine's mount-point stubs out, and the last RUN's layer is still the
+        # engine's (it gains no /etc).
+        (tmp_path / "ctx" / "late.txt").write_text("changed\n")
+        late = engine.write(_tiny_request(tmp_path, written_tag))
+        assert (late.written_layers, late.reused_layers) == (2, 4)
+        rebuilt = engine.build(_tiny_request(tmp_path, built_tag, no_cache=True))
+        assert [layer.diff_id for layer in late.layers] == [layer.diff_id for layer in rebuilt.layers]
+        assert late.image_id == rebuilt.image_id
+        assert not [name for name in image_names(["buildah"], late.image_id) if "prefix" in name]
     finally:
-        engine.remove(request.tags[0])
+        engine.remove(built_tag)
         engine.remove(written_tag)
-    assert list(workdir.iterdir()) == []  # the scratch layout went
+    assert list((tmp_path / "cache" / "write-once" / "tmp").iterdir()) == []  # no scratch layout is left
+
+
+@pytest.mark.parametrize("change, problem", [
+    ({"labels": {"a": "b"}}, "labels"),
+    ({"add_hosts": ("h:127.0.0.1",)}, "add_hosts"),
+    ({"network": "host"}, "network host"),
+])
+def test_the_write_once_build_refuses_requests_it_cannot_honour(tmp_path, change, problem):
+    request = _tiny_request(tmp_path, "localhost/write-once-refused:1")
+    engine = BuildahEngine(export_to_docker=False)
+    with pytest.raises(UserError, match=problem):
+        engine.write(dataclasses.replace(request, **change))
+
+
+KILLED = f"""FROM {TEST_BASE_TAG}
+ARG SOURCE_DATE_EPOCH
+COPY data/a.txt /opt/t/a.txt
+RUN ["/bin/sh", "-c", "echo step-started && sleep 4 && echo done > /opt/t/done"]
+COPY data/run.sh /opt/t/run.sh
+"""
+
+_WRITE = """
+import sys
+from builder.engine.buildah import BuildahEngine
+from builder.engine.protocol import BuildRequest
+request = BuildRequest(context_dir=sys.argv[1], dockerfile=sys.argv[1] + "/Dockerfile", tags=(sys.argv[2],),
+                       source_date_epoch=int(sys.argv[3]), build_args={"SOURCE_DATE_EPOCH": sys.argv[3]},
+                       network="none", progress=lambda line: print(line, flush=True))
+print(BuildahEngine(export_to_docker=False).write(request).image_id, flush=True)
+"""
+
+
+@pytest.mark.engine
+def test_a_write_once_build_killed_in_a_step_moves_no_tag_and_leaves_no_lying_blob(base_image, tmp_path):
+    """SIGKILL while a container step runs: the tag stays where it was, every blob in the store is what
+    its name says, and the next build sweeps the dead build's container and gives the engine's id."""
+    context = write_context(tmp_path / "ctx", KILLED, {"data": ""})
+    (context / "data").unlink()
+    (context / "data").mkdir()
+    (context / "data" / "a.txt").write_text("a\n")
+    (context / "data" / "run.sh").write_text("b\n")
+    env = {**os.environ, "BUILDER_CACHE": str(tmp_path / "cache")}
+    tag = "localhost/write-once-killed:1"
+    engine = BuildahEngine(export_to_docker=False)
+    engine.tag(TEST_BASE_TAG, tag)
+    argv = [sys.executable, "-c", _WRITE, str(context), tag, str(EPOCH)]
+    try:
+        process = subprocess.Popen(argv, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                   start_new_session=True)
+        for line in process.stdout:
+            if "step-started" in line:
+                break
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        assert engine.image_id(tag) == engine.image_id(TEST_BASE_TAG)
+        store = Layout(tmp_path / "cache" / "write-once" / "layout")
+        for blob in store.blobs.iterdir():
+            if not blob.name.startswith("."):
+                assert store.read_blob(f"sha256:{blob.name}", verify=True) is not None
+
+        rerun = subprocess.run(argv, env=env, cwd=REPO, capture_output=True, text=True)
+        assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+        assert "removed what a killed build left: " in rerun.stdout
+        assert f"builder-write-once-{process.pid}-" in rerun.stdout
+        written_id = rerun.stdout.strip().splitlines()[-1]
+        built = engine.build(BuildRequest(context_dir=context, dockerfile=context / "Dockerfile",
+                                          tags=("localhost/write-once-killed-engine:1",), source_date_epoch=EPOCH,
+                                          build_args={"SOURCE_DATE_EPOCH": str(EPOCH)}, network="none",
+                                          no_cache=True))
+        assert written_id == built.image_id == engine.image_id(tag)
+        leftovers = subprocess.run(["buildah", "containers", "--json"], capture_output=True, text=True, check=True)
+        assert f"builder-write-once-{process.pid}-" not in leftovers.stdout
+    finally:
+        engine.remove(tag)
+        engine.remove("localhost/write-once-killed-engine:1")
+
+
+@pytest.mark.engine
+@pytest.mark.network
+def test_buildah_1_39_from_its_chroot_writes_the_same_image(base_image, trixie_buildah, tmp_path, monkeypatch):
+    """Trixie's buildah runs the steps from its root in one held namespace (engine/chrooted.py) and the
+    builder reads the mounted container through it: the image id is bookworm's 1.28's, so the engine's
+    version decides nothing the builder writes."""
+    monkeypatch.setenv("BUILDER_CACHE", str(tmp_path / "cache"))
+    engines = {name: BuildahEngine(storage_dir=tmp_path / f"storage-{name}", export_to_docker=False, command=command)
+               for name, command in (("bookworm", ["buildah"]), ("trixie", trixie_buildah))}
+    try:
+        ids = {}
+        for name, engine in engines.items():
+            engine.load(base_image.archive)
+            written = engine.write(_tiny_request(tmp_path, f"localhost/write-once-{name}:1"))
+            assert (written.written_layers, written.reused_layers) == (6, 0)
+            ids[name] = written.image_id
+        assert engines["trixie"].version().startswith("1.39")
+        assert ids["trixie"] == ids["bookworm"]
+        assert not [p for p in Path("/proc").glob("[0-9]*/cmdline")
+                    if b"sleep\x00infinity" in p.read_bytes() and str(tmp_path).encode() in _cwd_of(p.parent)]
+    finally:
+        for engine in engines.values():
+            discard_storage(engine, engine.storage_dir)
+
+
+def _cwd_of(process: Path) -> bytes:
+    try:
+        return os.readlink(process / "cwd").encode()
+    except OSError:
+        return b""

@@ -4,11 +4,11 @@ again after a build adds the image sizes and smoke results."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from builder.lock import store
+from builder.lock import build_report, store
 from builder.lock.model import Resolution
+from builder.runtime.smoke.report import FAIL, PASS, SKIP
 
 STATUS_NOTE = ("A candidate is never known-good by being bumped: its rows stay `resolved` until `builder build` "
                "(smoke checks) and the GPU host's bench and `builder pin` promote them.")
@@ -36,16 +36,13 @@ def _image(root: Path, lock, name: str) -> tuple[str, str]:
     found = lock.get(name)
     if not found or not found.outcome.image:
         return "not built", "not run"
-    size, smoke = "unknown", "unknown"
     try:
-        report = json.loads((root / found.outcome.image.report).read_text(encoding="utf-8"))
-        size = f"{sum(layer['bytes'] for layer in report['layers']) / 1e9:.2f} GB"
-        summary = report["smoke"]["summary"]
-        smoke = ("passed" if report["smoke"]["passed"] else "FAILED") + \
-            f" ({summary['pass']} pass, {summary['fail']} fail, {summary['skip']} skip)"
-    except (OSError, KeyError, TypeError, ValueError):
-        pass
-    return size, smoke
+        report = build_report.read(root / found.outcome.image.report)
+    except (OSError, ValueError):
+        return "unknown", "unknown"
+    counts = report.smoke.counts()
+    return (f"{report.image_bytes / 1e9:.2f} GB", ("passed" if report.smoke.passed else "FAILED")
+            + f" ({counts[PASS]} pass, {counts[FAIL]} fail, {counts[SKIP]} skip)")
 
 
 def markdown(record: dict, root: Path, lock_path: Path) -> str:

@@ -13,21 +13,22 @@ from pathlib import Path
 from packaging.version import Version
 
 from builder.bump import stack_text
+from builder.bump import compat_refresh
 from builder.bump.candidate import Planner, RowPlan
 from builder.bump.index import Index
 from builder.bump.report import markdown
-from builder.bump import compat_refresh
 from builder.config import compat, reference_figures
 from builder.config.matrix import LOCAL_SUFFIX, Matrix, load_matrix
 from builder.config.stack import Package, Stack
 from builder.errors import BuildFailure, UserError
 from builder.files import write_atomic
-from builder.image import patch_verdict, render
 from builder.lock import store
+from builder.lock import base_digest, debian_archive
 from builder.lock.model import DEFAULT_INDEX
 from builder.lock.resolution import lock_stacks, record_base
+from builder.patches import patch_verdict
 from builder.paths import stack_dir
-from builder.publish import base_digest, debian_archive
+from builder.render import render
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,1 @@
+"""The command line: parsing, one-line errors and table views; each command calls one function elsewhere."""

@@ -1,0 +1,1 @@
+"""Loading the matrix: matrix.toml read, checked against its grammar and schema (file:line errors) and expanded into frozen stack rows, with the compatibility rules and reference figures they are judged by."""

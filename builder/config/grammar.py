@@ -16,7 +16,7 @@ import unicodedata
 from urllib.parse import urlsplit
 
 from builder.errors import one_line
-from builder.publish.loopback import is_loopback_name
+from builder.net.loopback import is_loopback_name
 
 # A name usable as a tag, a directory and a compose service: rows, bases, the local base.
 NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,99}")

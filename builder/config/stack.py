@@ -60,7 +60,7 @@ class Override:
 
 @dataclass(frozen=True)
 class AptSpec:
-    """Where a base's system packages come from, for `builder lock` (builder/publish/debian_archive.py)."""
+    """Where a base's system packages come from, for `builder lock` (builder/lock/debian_archive.py)."""
 
     distribution: str  # keys the keyring and snapshot archive in builder/config/apt_archives.toml
     suite: str

@@ -23,9 +23,8 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
-from builder.engine import canonical_export, delivery, podman_service
+from builder.engine import canonical_export, chrooted, delivery, podman_service, write_once
 from builder.engine.identity import EngineIdentity
-from builder.paths import cache_root
 from builder.engine.process import run_quiet, run_streaming
 from builder.engine.protocol import (
     BuildRequest,
@@ -38,6 +37,8 @@ from builder.engine.protocol import (
 )
 from builder.engine.daemon import DockerDaemon, ImageNotFound
 from builder.errors import BuildFailure, UserError
+from builder.oci.layout import Layout
+from builder.paths import cache_root
 
 INSTALL_HINT = "install it with scripts/setup-host (or apt-get install buildah)"
 # The command that runs buildah, e.g. another release's from a root made by engine_root.py.
@@ -179,6 +180,52 @@ class BuildahEngine:
             native_id=native_id,
         )
 
+    def write(self, request: BuildRequest) -> BuildResult:
+        """The builder's own build of the rendered Dockerfile (engine/write_once.py): buildah runs the
+        steps that need the image's programs, the builder writes every layer once into a content-keyed
+        OCI layout, and only the finished image is imported and tagged. Steps the layer cache holds are
+        not run; on failure or Ctrl-C no request tag moves."""
+        started = time.monotonic()
+        self.check()
+        check_request_inputs(request)
+        _check_writable(request)
+        previous = self._previous_tags(request.tags)
+        root = self._write_once_root()
+        try:
+            with write_once.exclusive(root):
+                workdir = write_once.scratch_dir(root)
+                swept = write_once.sweep_leftovers(self._global_args(), Layout.create(root / "layout"), workdir)
+                if swept and request.progress:
+                    request.progress(f"removed what a killed build left: {', '.join(swept)}")
+                # Its commands run in the scratch directory, where the imports' layouts are.
+                with chrooted.held_namespace(self._global_args(), workdir) as (buildah, seen):
+                    written = write_once.build_into_storage(buildah, request, root, seen)
+        except BaseException:
+            self._restore_tags(*previous)
+            raise
+        info = self.inspect(written.image_id)
+        tagging = time.monotonic()
+        delivered = self._apply_tags(info, request.tags, previous)
+        return BuildResult(
+            image_id=written.image_id,
+            tags=request.tags,
+            engine=self.name,
+            layers=info.layers,
+            duration_s=round(time.monotonic() - started, 1),
+            deliver_s=round(time.monotonic() - tagging, 1),
+            delivered_bytes=delivered,
+            identity=self.identity(),
+            written_layers=written.layers_written,
+            written_bytes=written.bytes_written,
+            reused_layers=written.layers_reused,
+        )
+
+    def _write_once_root(self) -> Path:
+        """The write-once build's layout, layer cache and scratch: with the storage they feed."""
+        if self.storage_dir is not None:
+            return self.storage_dir / "write-once"
+        return cache_root() / "write-once"
+
     # -- canonical export ----------------------------------------------------------------------
 
     def canonical_index(self) -> canonical_export.CanonicalIndex:
@@ -301,10 +348,36 @@ class BuildahEngine:
                 self.daemon.tag(old_id, tag)
 
     def _deliver(self, info: ImageInfo, tag: str) -> int:
-        """Only the layers the daemon lacks when it holds some; the whole image when it holds none
-        or the partial copy fails. Returns the bytes moved."""
+        """Only the layers the daemon lacks when it holds some: read from the write-once layout where it
+        holds the image, else through a `buildah push`. Returns the bytes moved."""
         diff_ids = [layer.diff_id for layer in info.layers]
         skip = delivery.layers_to_skip(diff_ids, delivery.held_chains(self.daemon.client))
+        moved = self._deliver_from_layout(info, diff_ids, skip, tag)
+        if moved is None:
+            moved = self._deliver_through_push(info, diff_ids, skip, tag)
+        self._check_delivered(info.image_id, tag)
+        return moved
+
+    def _deliver_from_layout(self, info: ImageInfo, diff_ids: list[str], skip: set[str], tag: str) -> int | None:
+        """None when the write-once layout lacks a layer the daemon needs (or the store shows the config
+        otherwise than as its id's bytes). A failed partial copy (a layer the daemon held went meanwhile)
+        is followed by the whole image; a failed whole copy is the daemon's own one-line error."""
+        config = info.config_bytes
+        if "sha256:" + hashlib.sha256(config).hexdigest() != info.image_id:
+            return None
+        blobs = self._write_once_root() / "layout" / "blobs" / "sha256"
+        load = self.daemon.load_stream
+        try:
+            done = delivery.deliver_from_layout(blobs, config, diff_ids, skip, tag, load)
+        except (BuildFailure, OSError):
+            if not skip:
+                raise
+            done = delivery.deliver_from_layout(blobs, config, diff_ids, set(), tag, load)
+        return None if done is None else done.bytes_moved
+
+    def _deliver_through_push(self, info: ImageInfo, diff_ids: list[str], skip: set[str], tag: str) -> int:
+        """The engine's own images: only the new layers through an OCI layout buildah writes, or the whole
+        image straight into the daemon when that fails."""
         moved = None
         if skip:
             try:
@@ -320,11 +393,13 @@ class BuildahEngine:
                 f"copying {tag} into the Docker daemon",
             )
             moved = sum(layer.size or 0 for layer in info.layers)
-        self._check_delivered(info.image_id, tag)
         return moved
 
     def _check_delivered(self, image_id: str, tag: str) -> None:
         copied = self.daemon.image_id(tag)
+        if copied is None:
+            raise BuildFailure(f"the Docker daemon holds no {tag} after the copy, which reported no error: "
+                               "dockerd's log says why")
         if copied != image_id:
             raise BuildFailure(
                 f"the Docker daemon holds {tag} as {copied}, buildah built {image_id}: "
@@ -363,6 +438,7 @@ class BuildahEngine:
             labels=dict(sorted((config.get("config", {}).get("Labels") or {}).items())),
             layers=layers_from_history(diff_ids, config.get("history", []), sizes),
             config=config,
+            config_bytes=raw["Config"].encode(),
         )
 
     def _names(self, ref: str) -> tuple[str, ...]:
@@ -370,9 +446,6 @@ class BuildahEngine:
             run_quiet(self._global_args() + ["images", "--json", ref], f"buildah images {ref}")
         )
         return tuple(sorted(name for image in listing for name in image.get("names") or ()))
-
-    def image_digest(self, ref: str) -> str:
-        return self.inspect(ref).image_id
 
     def tag(self, ref: str, new_tag: str) -> None:
         run_quiet(self._global_args() + ["tag", ref, new_tag], f"buildah tag {ref} {new_tag}")
@@ -411,6 +484,17 @@ class BuildahEngine:
             partial.unlink(missing_ok=True)
 
     # -- capabilities (engine/protocol.py) --------------------------------------------------------
+
+    def push_to_registry(self, image_id: str, destination: str, tls_verify: bool, auth_file: Path) -> str:
+        with tempfile.TemporaryDirectory(prefix="builder-push-") as scratch:
+            digest_file = Path(scratch) / "digest"
+            run_quiet(self._global_args() + [
+                "push", "--quiet", "--digestfile", str(digest_file), f"--tls-verify={str(tls_verify).lower()}",
+                "--authfile", str(auth_file), image_id, f"docker://{destination}"], f"buildah push {destination}")
+            digest = digest_file.read_text().strip() if digest_file.is_file() else ""
+        if not digest.startswith("sha256:"):
+            raise BuildFailure(f"push {destination}: buildah reported no digest")
+        return digest
 
     def holds(self, ref: str) -> bool:
         return shutil.which(self.command[0]) is not None and self.exists(ref)
@@ -480,6 +564,18 @@ def base_image_refs(dockerfile: str, build_args: Mapping[str, str]) -> list[str]
         if match[2]:
             stages.add(match[2])
     return refs
+
+
+def _check_writable(request: BuildRequest) -> None:
+    """What the write-once build takes: the builder's own requests (no network, no labels, hosts or
+    secrets given from outside the Dockerfile, one stage)."""
+    unsupported = [name for name, value in (("labels", request.labels), ("add_hosts", request.add_hosts),
+                                            ("secrets", request.secrets), ("target", request.target)) if value]
+    if request.network not in (None, "none"):
+        unsupported.append(f"network {request.network}")
+    if unsupported:
+        raise UserError(f"the write-once build runs every step with no network and takes no "
+                        f"{', '.join(unsupported)}: use build()")
 
 
 def _normalise_id(image_id: str) -> str:

@@ -4,10 +4,9 @@ its layers are buildah's cache for the next build.
 
 Layers that need no rewriting are the base's, and those whose canonical form an earlier export
 recorded (the index, keyed by the engine's diff_id). Every other layer, one at a time, in order:
-  1. read its tar from the storage's own files as it is rewritten (stored_layer.py: the tar-split record
-     and the layer's directory, no copy written); where that reader cannot, or what it reads does not
-     hash to the layer's diff_id, `buildah push` the engine's image to an OCI layout (gzip level 0) in
-     which every other layer is an empty placeholder, so buildah writes this one layer only;
+  1. read its tar through `buildah push` of the engine's image to an OCI layout (gzip level 0) in which
+     every other layer is an empty placeholder, so buildah writes this one layer only (the engine's
+     public interface: its storage's own files are never read);
   2. rewrite it into its canonical, uncompressed tar in a second layout;
   3. `buildah pull oci:` that layout as the image of the canonical layers so far (placeholders for those
      below, which the storage already holds by diff_id: buildah reuses them without opening the empty
@@ -31,11 +30,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from builder.engine import canonical, stored_layer
+from builder.engine.image_names import image_names
 from builder.engine.process import run_quiet
 from builder.errors import BuildFailure
 from builder.files import write_atomic
-from builder.engine.write_once import image_names
+from builder.oci import canonical
 from builder.oci.layout import Layout, digest_of, scratch_layout
 
 _REF = "canonical"
@@ -240,27 +239,17 @@ def _unknown_layers(native: NativeImage, layers: dict[int, tuple[str, int]]) -> 
 
 
 class _LayerSource:
-    """Reads the engine's layers for the rewrite: from the storage's own files (stored_layer.py) where it
-    can, else by a one-layer `buildah push`."""
+    """Reads the engine's layers for the rewrite, one `buildah push` each."""
 
     def __init__(self, buildah: Sequence[str], native: NativeImage, workdir: Path) -> None:
         self.buildah, self.native, self.workdir = buildah, native, workdir
-        self.storage = stored_layer.OverlayStorage.of(buildah)
 
     def rewrite(self, i: int, open_sink: Callable[[], contextlib.AbstractContextManager[IO[bytes]]],
                 drop_stubs: bool) -> tuple[canonical.CanonicalLayer, str]:
-        """Layer `i` rewritten into the sink `open_sink` opens (afresh, should the first read fail), and
-        where it was read from (for the progress line)."""
-        diff_id = self.native.diff_ids[i]
-        stream = self.storage.open(diff_id) if self.storage else None
-        if stream is not None:
-            try:
-                with stream, open_sink() as sink:
-                    return canonical.rewrite_layer(stream, sink, drop_stubs, diff_id), "the storage"
-            except (BuildFailure, stored_layer.UnreadableLayer):
-                pass  # files this reader misunderstands: buildah's own export, below, is the authority
+        """Layer `i` rewritten into the sink `open_sink` opens, and where it was read from (for the
+        progress line)."""
         with _pushed_layer(self.buildah, self.native, self.workdir, i) as stream, open_sink() as sink:
-            return canonical.rewrite_layer(stream, sink, drop_stubs, diff_id), "buildah push"
+            return canonical.rewrite_layer(stream, sink, drop_stubs, self.native.diff_ids[i]), "buildah push"
 
 
 @contextlib.contextmanager

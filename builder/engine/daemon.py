@@ -13,6 +13,7 @@ from builder.errors import BuildFailure, UserError
 START_HINT = "start it with scripts/setup-host (or run `dockerd &` as root)"
 # Where the SDK looks when DOCKER_HOST is unset.
 DOCKER_DEFAULT_URL = "unix:///var/run/docker.sock"
+LOAD_TIMEOUT_S = 3600
 
 
 class ImageNotFound(UserError):
@@ -102,9 +103,11 @@ class DockerDaemon:
         return images[0].id
 
     def load_stream(self, stream) -> str:
-        """`docker load` of a docker-archive read from a binary stream; the id it loaded."""
+        """`docker load` of a docker-archive read from a binary stream; the id it loaded. The daemon
+        answers only once it has stored every layer, which for a CUDA image on two cores can take
+        longer than other calls are given."""
         try:
-            images = self.client.images.load(stream)
+            images = docker_client(timeout=LOAD_TIMEOUT_S).images.load(stream)
         except (docker.errors.APIError, docker.errors.ImageLoadError) as error:
             raise BuildFailure(f"docker load failed: {_short(error)}") from None
         if len(images) != 1:

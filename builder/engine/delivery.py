@@ -1,17 +1,18 @@
-"""Deliver an image from buildah's storage into the Docker daemon, moving only the layers it lacks.
+"""Deliver an image into the Docker daemon (`--load`), moving only the layers it lacks and writing
+nothing on the way.
 
-`buildah push IMAGE docker-daemon:TAG` streams every layer, so a one-line patch change used to copy
-the whole 11.5 GB image again. Both stores are content-addressed, so the difference is computable:
-  1. the daemon holds a layer when one of its images has the same chain of diff_ids up to it
-     (the daemon's layer store is keyed by chain id);
-  2. `buildah push` to an OCI layout skips any blob whose file already exists there, so a zero-byte
-     placeholder per held layer makes it write only the new ones (gzip level 0: no CPU spent on
-     compression, and the daemon takes gzip or plain tar alike);
-  3. `docker load` of a docker-archive registers a layer only when its chain id is new, and reads
-     only those layer files, so the archive carries the config, the manifest and the new layers.
-The config blob travels byte for byte, so the image id in the daemon is buildah's. Whatever goes
-wrong on the way (a layer removed from the daemon meanwhile, an engine that behaves otherwise), the
-caller falls back to the full copy; the id check afterwards holds either way.
+The daemon holds a layer when one of its images has the same chain of diff_ids up to it (its layer
+store is keyed by chain id), and `docker load` of a docker-archive registers a layer only when its
+chain id is new, reading only those layer files. So the archive carries the config, the manifest and
+the new layers, streamed through a pipe:
+  - from the write-once layout (`deliver_from_layout`), where the builder wrote every layer as an
+    uncompressed tar named by its diff_id: the image's product, read in place;
+  - for an image the layout does not hold (the engine's own build), from an OCI layout `buildah push`
+    writes, pre-seeded with a zero-byte placeholder per held layer so it writes only the new ones
+    (gzip level 0: no CPU spent on compression; the daemon takes gzip or plain tar alike).
+The config travels byte for byte, so the image id in the daemon is the builder's. Whatever goes wrong
+on the way (a layer removed from the daemon meanwhile), the caller sends every layer; the id check
+afterwards holds either way.
 """
 
 from __future__ import annotations
@@ -74,10 +75,23 @@ class Delivery:
     bytes_moved: int
 
 
+def deliver_from_layout(blobs: Path, config: bytes, diff_ids: Sequence[str], skip: set[str], tag: str,
+                        load: Callable[[object], None]) -> Delivery | None:
+    """Hand the daemon a docker-archive read straight from the write-once layout, where every layer is
+    an uncompressed tar named by its diff_id: nothing is written on the way. None when the layout lacks
+    a layer the daemon needs (an image the write-once path did not make, or a blob swept since)."""
+    sources = {hex_of(diff_id): blobs / hex_of(diff_id) for diff_id in diff_ids if diff_id not in skip}
+    if not all(path.is_file() for path in sources.values()):
+        return None
+    _stream_archive(load, config, [hex_of(diff_id) for diff_id in diff_ids], sources, tag)
+    return Delivery(len(diff_ids), len(sources), sum(path.stat().st_size for path in sources.values()))
+
+
 def deliver_new_layers(buildah: list[str], image_id: str, diff_ids: Sequence[str], skip: set[str],
                        tag: str, load: Callable[[object], None], workdir: Path) -> Delivery:
     """Push `image_id` to an OCI layout pre-seeded with placeholders for `skip`, then hand the daemon
-    a docker-archive of the config and the layers it lacks through `load` (a binary stream)."""
+    a docker-archive of the config and the layers it lacks through `load` (a binary stream). For an
+    image the write-once layout does not hold (the engine's own build)."""
     with tempfile.TemporaryDirectory(prefix="builder-delivery-", dir=workdir) as scratch:
         layout = Layout.create(Path(scratch))
         blobs = layout.blobs
@@ -86,37 +100,46 @@ def deliver_new_layers(buildah: list[str], image_id: str, diff_ids: Sequence[str
         run_quiet(buildah + ["push", "--quiet", "--compression-format", "gzip", "--compression-level", "0",
                              image_id, f"oci:{layout.root}:{OCI_REF}"], f"writing the new layers of {tag}")
         manifest = layout.manifest()
-        config = hex_of(manifest["config"]["digest"])
+        config = layout.read_blob(manifest["config"]["digest"])
         layer_files = [hex_of(layer["digest"]) for layer in manifest["layers"]]
         if len(layer_files) != len(diff_ids):
             raise BuildFailure(f"{tag}: buildah wrote {len(layer_files)} layers, the image has {len(diff_ids)}")
-        moved = [name for name in layer_files if (blobs / name).stat().st_size > 0]
-        read_end, write_end = os.pipe()
-        writer = threading.Thread(
-            target=_write_archive, args=(os.fdopen(write_end, "wb"), blobs, config, layer_files, moved, tag),
-        )
-        writer.start()
-        try:
-            with os.fdopen(read_end, "rb") as stream:
-                load(stream)
-        finally:
-            writer.join()
-        return Delivery(len(diff_ids), len(moved), sum((blobs / name).stat().st_size for name in moved))
+        sources = {name: blobs / name for name in layer_files if (blobs / name).stat().st_size > 0}
+        _stream_archive(load, config, layer_files, sources, tag)
+        return Delivery(len(diff_ids), len(sources), sum(path.stat().st_size for path in sources.values()))
 
 
-def _write_archive(sink, blobs: Path, config: str, layer_files: list[str], moved: list[str], tag: str) -> None:
+def _stream_archive(load: Callable[[object], None], config: bytes, layer_names: list[str], sources: dict[str, Path],
+                    tag: str) -> None:
+    """`load` reads the archive from a pipe while a thread writes it: nothing of it lands on disk here."""
+    read_end, write_end = os.pipe()
+    writer = threading.Thread(target=_write_archive,
+                              args=(os.fdopen(write_end, "wb"), config, layer_names, sources, tag))
+    writer.start()
+    try:
+        with os.fdopen(read_end, "rb") as stream:
+            load(stream)
+    finally:
+        writer.join()
+
+
+def _write_archive(sink, config: bytes, layer_names: list[str], sources: dict[str, Path], tag: str) -> None:
     """docker-archive (docker save's format): config, layers, then manifest.json naming every layer;
-    the files of held layers are left out, which `docker load` never opens."""
+    the files of held layers (not in `sources`) are left out, which `docker load` never opens."""
+    config_name = f"{hashlib.sha256(config).hexdigest()}.json"
     try:
         with sink, tarfile.open(fileobj=sink, mode="w|", format=tarfile.PAX_FORMAT) as archive:
-            archive.add(blobs / config, arcname=f"{config}.json")
-            for name in moved:
-                archive.add(blobs / name, arcname=f"{name}.tar")
-            manifest = json.dumps([{"Config": f"{config}.json", "RepoTags": [tag],
-                                    "Layers": [f"{name}.tar" for name in layer_files]}]).encode()
-            info = tarfile.TarInfo("manifest.json")
-            info.size = len(manifest)
-            archive.addfile(info, io.BytesIO(manifest))
+            _add_bytes(archive, config_name, config)
+            for name, path in sources.items():
+                archive.add(path, arcname=f"{name}.tar")
+            _add_bytes(archive, "manifest.json", json.dumps([{
+                "Config": config_name, "RepoTags": [tag], "Layers": [f"{name}.tar" for name in layer_names],
+            }]).encode())
     except BrokenPipeError:
         pass  # the daemon stopped reading; the load's own error says why
 
+
+def _add_bytes(archive: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    archive.addfile(info, io.BytesIO(data))

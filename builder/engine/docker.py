@@ -102,6 +102,10 @@ class DockerEngine:
         argv.append(str(request.context_dir))
         return argv, env
 
+    def write(self, request: BuildRequest) -> BuildResult:
+        """The daemon writes its own layers: its build is the only one."""
+        return self.build(request)
+
     def build(self, request: BuildRequest) -> BuildResult:
         self.check()
         check_request_inputs(request)
@@ -148,8 +152,8 @@ class DockerEngine:
     def inspect(self, ref: str) -> ImageInfo:
         return self.daemon.inspect(ref)
 
-    def image_digest(self, ref: str) -> str:
-        return self.daemon.inspect(ref).image_id
+    def image_id(self, ref: str) -> str | None:
+        return self.daemon.image_id(ref)
 
     def exists(self, ref: str) -> bool:
         return self.daemon.image_id(ref) is not None

@@ -107,6 +107,9 @@ class ImageInfo:
     # The image config as the store shows it (an OCI config in buildah, the daemon's inspect view in
     # Docker): compared field by field when two images should have been one.
     config: Mapping[str, object] = field(default_factory=dict, compare=False)
+    # Those bytes exactly, where the store gives them (buildah): their sha256 is the image id, and
+    # `--load` hands them to the daemon as they are.
+    config_bytes: bytes = field(default=b"", compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -128,6 +131,10 @@ class BuildResult:
     canonical_layers: int = 0  # layers rewritten (0 when an earlier export is reused)
     # The engine's own image id before the rewrite ("" where there is none): it differs between versions.
     native_id: str = ""
+    # The write-once build (engine/write_once.py): layers written, their bytes, layers the cache held.
+    written_layers: int = 0
+    written_bytes: int = 0
+    reused_layers: int = 0
 
 
 @dataclass(frozen=True)
@@ -178,11 +185,15 @@ class Engine(Protocol):
         On failure or Ctrl-C no request tag is left pointing at a new image.
         """
 
+    def write(self, request: BuildRequest) -> BuildResult:
+        """What `builder build` runs: as build(), with each layer written once by the builder where the
+        engine allows it (buildah: engine/write_once.py), else the engine's own build."""
+
     def inspect(self, ref: str) -> ImageInfo:
         """Image id, tags, created time, labels and layers (with the step that made each)."""
 
-    def image_digest(self, ref: str) -> str:
-        """The digest: the image id, sha256 of the config."""
+    def image_id(self, ref: str) -> str | None:
+        """The image id `ref` names (the sha256 of its config); None when the storage holds no such image."""
 
     def exists(self, ref: str) -> bool:
         """Whether the engine's storage holds `ref`."""
@@ -239,6 +250,10 @@ class StorageEngine(Engine, Protocol):
 
     def reset_storage(self) -> None:
         """Empty a private storage: the next build starts cold."""
+
+    def push_to_registry(self, image_id: str, destination: str, tls_verify: bool, auth_file: Path) -> str:
+        """`image_id` from this storage to `destination` (host/repository:tag), with the credentials in
+        `auth_file` (containers-auth.json) and no others; the manifest digest the registry stored."""
 
 
 def check_request_inputs(request: BuildRequest) -> None:

@@ -14,23 +14,28 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import fcntl
 import gzip
 import json
 import os
+import re
 import secrets
 import shutil
 import subprocess
+import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from builder.engine import canonical
+from builder.engine.image_names import image_names
 from builder.engine.process import run_quiet, run_streaming
 from builder.engine.protocol import BuildRequest, ProgressCallback
 from builder.errors import BuildFailure
-from builder.oci import dockerfile_plan, tree_layer
-from builder.oci.layout import Layout, digest_of
+from builder.files import TEMP_SUFFIX
+from builder.oci import canonical
+from builder.oci import dockerfile_plan, step_cache, tree_layer
+from builder.oci.layout import Layout, digest_of, linked_layout
 
 _REF = "image"
 
@@ -38,15 +43,19 @@ _REF = "image"
 @dataclass(frozen=True)
 class WrittenImage:
     image_id: str
+    config: bytes
+    layers: tuple[dict, ...]  # the layer descriptors, base first
     layers_written: int
+    layers_reused: int  # found in the step cache: not run, not written
     bytes_written: int
     seconds: float
 
 
-def _base(buildah: Sequence[str], ref: str) -> dict:
-    """The base's OCI config as the storage holds it."""
-    output = run_quiet([*buildah, "inspect", "--type", "image", ref], f"buildah inspect {ref}")
-    return json.loads(output)["OCIv1"]
+def _base(buildah: Sequence[str], ref: str) -> tuple[str, dict]:
+    """The base's image id and OCI config as the storage holds them."""
+    output = json.loads(run_quiet([*buildah, "inspect", "--type", "image", ref], f"buildah inspect {ref}"))
+    image_id = output["FromImageID"]
+    return (image_id if image_id.startswith("sha256:") else f"sha256:{image_id}"), output["OCIv1"]
 
 
 def _base_blobs(buildah: Sequence[str], ref: str, diff_ids: Sequence[str], layout: Layout, workdir: Path) -> None:
@@ -71,12 +80,63 @@ def _base_blobs(buildah: Sequence[str], ref: str, diff_ids: Sequence[str], layou
         shutil.rmtree(scratch, ignore_errors=True)
 
 
+_CONTAINER_PREFIX = "builder-write-once-"
+_PREFIX_IMAGE = "localhost/builder-write-once-prefix-"
+# What a build names its working container and prefix image: the owner is its process id.
+_LEFTOVER = re.compile(r"^(?:localhost/)?builder-write-once-(?:prefix-)?(\d+)-[0-9a-f]{8}(?::\d+)?$")
+
+
 @contextlib.contextmanager
-def _working_container(buildah: Sequence[str], base: str, owner: str) -> Iterator[tuple[str, Path]]:
-    name = f"builder-write-once-{owner}-{secrets.token_hex(4)}"
+def exclusive(root: Path) -> Iterator[None]:
+    """One write-once build at a time over one store (a lock file held for the block, freed by the
+    kernel when its holder dies), so the leftovers of an earlier build can be told from live work."""
+    root.mkdir(parents=True, exist_ok=True)
+    with (root / "lock").open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+
+
+def sweep_leftovers(buildah: Sequence[str], store: Layout, workdir: Path) -> list[str]:
+    """What a killed build left, under the lock: its half-written blobs, its scratch layouts, and the
+    working containers and prefix images of builds whose process is gone. Returns what went."""
+    swept = []
+    for path in [*store.blobs.glob(f".*{TEMP_SUFFIX}"), *(workdir.iterdir() if workdir.is_dir() else ())]:
+        shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+        swept.append(path.name)
+    # An empty storage lists `null`.
+    for container in json.loads(run_quiet([*buildah, "containers", "--json"], "buildah containers") or "[]") or []:
+        name = container.get("containername") or ""
+        if _dead_owner(name):
+            run_quiet([*buildah, "rm", name], f"removing the working container {name}")
+            swept.append(name)
+    for image in json.loads(run_quiet([*buildah, "images", "--json"], "buildah images") or "[]") or []:
+        for name in image.get("names") or ():
+            if _dead_owner(name):
+                run_quiet([*buildah, "rmi", name], f"removing the prefix image {name}")
+                swept.append(name)
+    return swept
+
+
+def _dead_owner(name: str) -> bool:
+    found = _LEFTOVER.match(name)
+    if found is None:
+        return False
+    try:
+        os.kill(int(found[1]), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        pass  # alive, someone else's
+    return False
+
+
+@contextlib.contextmanager
+def _working_container(buildah: Sequence[str], base: str, owner: str,
+                       seen: Callable[[str], Path]) -> Iterator[tuple[str, Path]]:
+    name = f"{_CONTAINER_PREFIX}{owner}-{secrets.token_hex(4)}"
     run_quiet([*buildah, "from", "--pull=never", "--name", name, base], f"buildah from {base}")
     try:
-        root = Path(run_quiet([*buildah, "mount", name], f"buildah mount {name}").strip())
+        root = seen(run_quiet([*buildah, "mount", name], f"buildah mount {name}").strip())
         yield name, root
     finally:
         subprocess.run([*buildah, "rm", name], capture_output=True, stdin=subprocess.DEVNULL)
@@ -154,70 +214,238 @@ def _run_step(buildah: Sequence[str], container: str, root: Path, step: dockerfi
             target.rmdir()
 
 
-def write_image(buildah: Sequence[str], request: BuildRequest, layout: Layout, workdir: Path, owner: str,
-                progress: ProgressCallback | None = None) -> tuple[bytes, list[dict], WrittenImage]:
-    """Every step of `request`'s Dockerfile run, each layer written once into `layout`; the image's
-    config and layer descriptors (also written to the layout under its one ref)."""
+def _make_engine_stubs(buildah: Sequence[str], container: str) -> None:
+    """Let the engine make its mount-point stubs (canonical.ENGINE_STUBS) before the first step runs, as
+    the cached prefix's first RUN made them in the build that wrote it. Its layers leave them out, so
+    without this the next RUN would make them again and its layer would gain their directory."""
+    run_quiet([*buildah, "run", "--network", "none", container, "--", "/bin/sh", "-c", ":"],
+              f"preparing {container}'s mount points")
+
+
+def step_keys(plan: dockerfile_plan.Plan, base_id: str, epoch: int, context_dir: Path,
+              memo: step_cache.DigestMemo) -> list[str]:
+    """Each step's cache key (builder/oci/step_cache.py): the chain of every step up to it, with the
+    content of what COPY and the bind mounts read from the context."""
+    keys, key = [], step_cache.first_key(base_id, epoch)
+    for step in plan.steps:
+        reads = [*step.sources, *(source for source, _ in step.mounts)]
+        argument = plan.build_args[step.value] if step.keyword == "ARG" else ""
+        key = step_cache.chain(key, step.created_by, argument,
+                               *(step_cache.tree_digest(context_dir / source, memo) for source in reads))
+        keys.append(key)
+    return keys
+
+
+def write_image(buildah: Sequence[str], request: BuildRequest, partial: PartialImages,
+                cache: step_cache.StepCache, memo: step_cache.DigestMemo,
+                progress: ProgressCallback | None = None, seen: Callable[[str], Path] = Path) -> WrittenImage:
+    """Every step of `request`'s Dockerfile that the cache does not hold run, each layer written once
+    into `partial`'s store. The longest cached prefix of steps is not run: the working container starts on the
+    image of its layers, imported from the store (`partial`, which also imports each layer in the
+    background as it is written). The image's config and layers are in the result. `seen` maps a path `buildah mount` prints to where this process reads it (chrooted.py)."""
     started = time.monotonic()
+    store, workdir = partial.store, partial.workdir
     plan = dockerfile_plan.parse(request.dockerfile.read_text(), dict(request.build_args))
-    config = _Config(_base(buildah, plan.base))
+    base_id, base_config = _base(buildah, plan.base)
+    config = _Config(base_config)
     base_layers = list(config.diff_ids)
-    _base_blobs(buildah, plan.base, base_layers, layout, workdir)
+    _base_blobs(buildah, plan.base, base_layers, store, workdir)
     created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(request.source_date_epoch))
     config.data["created"] = created  # `buildah build --timestamp`: the image's time is the build's
-    sizes = {diff_id: layout.blob_path(diff_id).stat().st_size for diff_id in base_layers}
+    sizes = {diff_id: store.blob_path(diff_id).stat().st_size for diff_id in base_layers}
+    keys = step_keys(plan, base_id, request.source_date_epoch, request.context_dir, memo)
     args: dict[str, str] = {}
+    reused = _replay_cached(plan, keys, cache, store, config, created, args, sizes, no_cache=request.no_cache)
+    first_to_run = reused.steps
+    if progress:
+        layer_steps = sum(not step.empty_layer for step in plan.steps)
+        progress(f"layer cache: {reused.layers} of {layer_steps} layers reused")
     written = bytes_written = 0
-    build_started = tree_layer.mark(workdir)
-    with _working_container(buildah, plan.base, owner) as (container, root):
-        before = tree_layer.snapshot(root)
-        for step in plan.steps:
-            if step.keyword == "ARG":
-                args[step.value] = plan.build_args[step.value]
-                config.record(step, created, None)
-                continue
-            if step.empty_layer:
-                config.apply(step)
-                config.record(step, created, None)
-                continue
-            since = tree_layer.mark(workdir)
-            if step.keyword == "COPY":
-                run_quiet([*buildah, "copy", "--quiet", container,
-                           *[str(request.context_dir / source) for source in step.sources], step.destination],
-                          f"COPY at Dockerfile line {step.line}")
-            else:
-                _run_step(buildah, container, root, step, request.context_dir, config, args, progress)
-            layer, before = tree_layer.write_step_layer(layout, root, since, before, request.source_date_epoch,
-                                                        drop_stubs=step.keyword == "RUN",
-                                                        build_started_ns=build_started)
-            sizes[layer.diff_id] = layer.size
-            written, bytes_written = written + 1, bytes_written + layer.size
-            config.record(step, created, layer.diff_id)
-            if progress:
-                progress(f"layer {written}: {layer.diff_id} ({layer.size} bytes, {layer.entries} entries) "
-                         f"from line {step.line}")
+    if first_to_run < len(plan.steps):
+        start = plan.base if config.diff_ids == base_layers else \
+            partial.import_now(config.serialised(), _descriptors(config.diff_ids, sizes))
+        # After the import: a directory it extracted is older than the mark, so its copy-up is not
+        # taken for a directory made again.
+        build_started = tree_layer.mark(workdir)
+        with _working_container(buildah, start, partial.owner, seen) as (container, root):
+            if any(step.keyword == "RUN" for step in plan.steps[:first_to_run]):
+                _make_engine_stubs(buildah, container)
+            before = tree_layer.snapshot(root)
+            for index in range(first_to_run, len(plan.steps)):
+                step = plan.steps[index]
+                if _applied_without_layer(plan, step, config, args, created):
+                    continue
+                since = tree_layer.mark(workdir)
+                if step.keyword == "COPY":
+                    run_quiet([*buildah, "copy", "--quiet", container,
+                               *[str(request.context_dir / source) for source in step.sources], step.destination],
+                              f"COPY at Dockerfile line {step.line}")
+                else:
+                    _run_step(buildah, container, root, step, request.context_dir, config, args, progress)
+                layer, before = tree_layer.write_step_layer(store, root, since, before, request.source_date_epoch,
+                                                            drop_stubs=step.keyword == "RUN",
+                                                            build_started_ns=build_started)
+                cache.record(keys[index], step_cache.CachedLayer(layer.diff_id, layer.size))
+                sizes[layer.diff_id] = layer.size
+                written, bytes_written = written + 1, bytes_written + layer.size
+                config.record(step, created, layer.diff_id)
+                partial.offer(config.serialised(), _descriptors(config.diff_ids, sizes))
+                if progress:
+                    progress(f"layer {len(config.diff_ids)}: {layer.diff_id} ({layer.size} bytes, "
+                             f"{layer.entries} entries) from line {step.line}")
+    memo.save()
     data = config.serialised()
-    descriptors = [{"mediaType": canonical.LAYER_MEDIA_TYPE, "digest": d, "size": sizes[d]} for d in config.diff_ids]
-    layout.write_image(data, descriptors, _REF)
-    return data, descriptors, WrittenImage(digest_of(data), written, bytes_written,
-                                           round(time.monotonic() - started, 1))
+    descriptors = tuple(_descriptors(config.diff_ids, sizes))
+    return WrittenImage(digest_of(data), data, descriptors, written, reused.layers, bytes_written,
+                        round(time.monotonic() - started, 1))
 
 
-def image_names(buildah: Sequence[str], image_id: str) -> set[str]:
-    """Every name of `image_id` in buildah's storage; none when the storage does not hold it."""
-    result = subprocess.run([*buildah, "images", "--json", image_id], capture_output=True, text=True,
-                            stdin=subprocess.DEVNULL, errors="replace")
-    if result.returncode != 0:
-        return set()
-    return {name for image in json.loads(result.stdout or "[]") for name in image.get("names") or ()}
+@dataclass(frozen=True)
+class _Reused:
+    steps: int  # the steps before the first one that must run
+    layers: int
 
 
-def import_image(buildah: Sequence[str], layout: Layout, image_id: str, tag: str) -> None:
-    """The layout's image into buildah's storage under `tag` (layers the storage holds are reused), and
-    no other name the import gave it."""
+def _replay_cached(plan: dockerfile_plan.Plan, keys: Sequence[str], cache: step_cache.StepCache, store: Layout,
+                   config: _Config, created: str, args: dict[str, str], sizes: dict[str, int],
+                   no_cache: bool) -> _Reused:
+    """The steps up to the first whose layer the cache lacks, applied to `config` without running."""
+    layers = 0
+    for index, step in enumerate(plan.steps):
+        if _applied_without_layer(plan, step, config, args, created):
+            continue
+        hit = None if no_cache else cache.get(keys[index])
+        if hit is None or not store.has_blob(hit.diff_id):
+            return _Reused(index, layers)
+        sizes[hit.diff_id] = hit.size
+        config.record(step, created, hit.diff_id)
+        layers += 1
+    return _Reused(len(plan.steps), layers)
+
+
+def _applied_without_layer(plan: dockerfile_plan.Plan, step: dockerfile_plan.Step, config: _Config,
+                           args: dict[str, str], created: str) -> bool:
+    """ARG and the metadata steps, applied to the build arguments or the config, and recorded in the
+    history; False (nothing done) for a step that makes a layer."""
+    if step.keyword == "ARG":
+        args[step.value] = plan.build_args[step.value]
+    elif step.empty_layer:
+        config.apply(step)
+    else:
+        return False
+    config.record(step, created, None)
+    return True
+
+
+def _descriptors(diff_ids: Sequence[str], sizes: dict[str, int]) -> list[dict]:
+    return [{"mediaType": canonical.LAYER_MEDIA_TYPE, "digest": d, "size": sizes[d]} for d in diff_ids]
+
+
+class PartialImages:
+    """Images of the layers written so far, imported into buildah's storage under this build's names:
+    the cached prefix a build starts from, and, in the background while later steps run, each layer as
+    it is written, so the final import finds all but the last few already stored. Their names go only
+    after the final image holds their layers (drop()); a killed build's are swept by owner."""
+
+    def __init__(self, buildah: Sequence[str], store: Layout, workdir: Path, owner: str) -> None:
+        self.buildah, self.store, self.workdir, self.owner = list(buildah), store, workdir, owner
+        self.stem = f"{_PREFIX_IMAGE}{owner}-{secrets.token_hex(4)}"
+        self.names: list[str] = []
+        self._pending: tuple[bytes, list[dict]] | None = None
+        self._closed = False
+        self._failed: BaseException | None = None
+        self._wake = threading.Condition()
+        self._worker: threading.Thread | None = None
+
+    def import_now(self, config: bytes, layers: list[dict]) -> str:
+        name = f"{self.stem}:{len(self.names) + 1}"
+        import_image(self.buildah, self.store, config, layers, self.workdir, name)
+        self.names.append(name)
+        return name
+
+    def offer(self, config: bytes, layers: list[dict]) -> None:
+        """Import this image in the background, or a later one offered before the worker gets to it."""
+        with self._wake:
+            if self._failed is not None or self._closed:
+                return
+            self._pending = (config, layers)
+            if self._worker is None:
+                self._worker = threading.Thread(target=self._work, name="write-once-import", daemon=True)
+                self._worker.start()
+            self._wake.notify()
+
+    def _work(self) -> None:
+        while True:
+            with self._wake:
+                while self._pending is None and not self._closed:
+                    self._wake.wait()
+                if self._pending is None:
+                    return
+                config, layers = self._pending
+                self._pending = None
+            try:
+                self.import_now(config, layers)
+            except BaseException as error:  # only a head start: the final import does it all again
+                with self._wake:
+                    self._failed = error
+                return
+
+    def finish(self) -> None:
+        """Wait for the background import under way; what was still pending is left to the final import."""
+        with self._wake:
+            self._closed = True
+            self._pending = None
+            self._wake.notify()
+        if self._worker is not None:
+            self._worker.join()
+
+    def drop(self) -> None:
+        self.finish()
+        for name in self.names:
+            subprocess.run([*self.buildah, "rmi", name], capture_output=True, stdin=subprocess.DEVNULL)
+        self.names = []
+
+
+def scratch_dir(root: Path) -> Path:
+    """The build's scratch under `root`, beside the layout (imports hard-link its blobs), made if missing."""
+    workdir = root / "tmp"
+    workdir.mkdir(parents=True, exist_ok=True)
+    return workdir
+
+
+def build_into_storage(buildah: Sequence[str], request: BuildRequest, root: Path,
+                       seen: Callable[[str], Path] = Path) -> WrittenImage:
+    """The write-once build under `root` (its layout, layer cache and scratch), the image left in
+    buildah's storage under the request's first tag: imported, or only named where the background
+    import (or an earlier build) stored it already. Call it under exclusive(root), after the sweep."""
+    store, workdir = Layout.create(root / "layout"), scratch_dir(root)
+    partial = PartialImages(buildah, store, workdir, f"{os.getpid()}")
+    try:
+        written = write_image(buildah, request, partial, step_cache.StepCache(root / "steps"),
+                              step_cache.DigestMemo(root / "digests.json"), request.progress, seen)
+        partial.finish()
+        # Named first: the background import may have stored this very image, under a name drop() removes.
+        if image_names(buildah, written.image_id):
+            run_quiet([*buildah, "tag", written.image_id, request.tags[0]], "buildah tag")
+        else:
+            import_image(buildah, store, written.config, written.layers, workdir, request.tags[0])
+    finally:
+        partial.drop()
+    return written
+
+
+def import_image(buildah: Sequence[str], store: Layout, config: bytes, layers: Sequence[dict], workdir: Path,
+                 tag: str) -> str:
+    """The image of `config` and `layers` (blobs in `store`) into buildah's storage under `tag`, and no
+    other name the import gave it; layers the storage holds are reused. Returns the image id.
+    The import reads a layout of its own whose blobs are hard links to the store's, so builds that
+    share the store never write one index."""
+    image_id = digest_of(config)
     before = image_names(buildah, image_id)
-    pulled = run_quiet([*buildah, "pull", "--quiet", f"oci:{layout.root.name}:{_REF}"], "importing the image",
-                       cwd=layout.root.parent).strip().splitlines()
+    with linked_layout(store, workdir, [layer["digest"] for layer in layers]) as view:
+        view.write_image(config, list(layers), _REF)
+        pulled = run_quiet([*buildah, "pull", "--quiet", f"oci:{view.root.name}:{_REF}"], "importing the image",
+                           cwd=view.root.parent).strip().splitlines()
     got = "sha256:" + (pulled[-1] if pulled else "").removeprefix("sha256:")
     if got != image_id:
         raise BuildFailure(f"buildah stored the written image as {got}, expected {image_id}")
@@ -226,3 +454,4 @@ def import_image(buildah: Sequence[str], layout: Layout, image_id: str, tag: str
     for extra in added:
         if extra.removeprefix("localhost/") != tag.removeprefix("localhost/"):
             run_quiet([*buildah, "rmi", extra], f"removing the name {extra}")
+    return image_id

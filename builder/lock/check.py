@@ -2,7 +2,7 @@
 
 A lock goes stale silently when the inputs change after an image was recorded: a patch, an in-image
 tool, a rendered file, the base or SOURCE_DATE_EPOCH. For every row with a recorded image this
-compares the inputs hash the tree gives now (the caller's `inputs_of`, builder/image/context.py's
+compares the inputs hash the tree gives now (the caller's `inputs_of`, builder/build_stack/context.py's
 one function) with the recorded one, naming the part that moved; a pinned image that the current
 inputs cannot make is named as such. Rows resolved from other pins than the matrix has now are stale
 too. Rows never locked are reported, not failed: some cannot be locked where their indexes are
@@ -11,13 +11,12 @@ unreachable.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Callable, Protocol
 
 from builder.config.stack import Stack
 from builder.errors import UserError
-from builder.lock import deb_listing, store
+from builder.lock import build_report, deb_listing, store
 from builder.lock.model import STATUS_PINNED, ImageRecord, Resolution
 from builder.lock.resolution import base_pin, pins_hash
 from builder.paths import stack_dir
@@ -35,7 +34,7 @@ class Inputs(Protocol):
     """What the check needs of a row's current build inputs."""
 
     hash: str
-    base_digest: str
+    base_pin: str
     source_date_epoch: int
     files: tuple[InputFile, ...]
 
@@ -43,20 +42,19 @@ class Inputs(Protocol):
 def _changed_files(root: Path, image: ImageRecord, inputs: Inputs) -> list[str]:
     """Files whose content or mode moved since the build, from the build report's list when it is there."""
     try:
-        report = json.loads((root / image.report).read_text(encoding="utf-8"))
-        recorded = {f["path"]: (f["mode"], f["sha256"]) for f in report["inputs"]["files"]}
-    except (OSError, KeyError, TypeError, ValueError):
+        recorded = {f.path: (f.mode, f.sha256) for f in build_report.read(root / image.report).files}
+    except (OSError, ValueError):
         return []
-    current = {f.path: (f"{f.mode:o}", f.sha256) for f in inputs.files}
+    current = {f.path: (f.mode, f.sha256) for f in inputs.files}
     return sorted(path for path in recorded.keys() | current.keys() if recorded.get(path) != current.get(path))
 
 
 def _why(stack: Stack, root: Path, image: ImageRecord, inputs: Inputs) -> str:
-    if stack.base.local and image.base.pin and not inputs.base_digest:
+    if stack.base.local and image.base.pin and not inputs.base_pin:
         return (f"the local base's locked packages moved since {image.base.pin} was made; "
                 f"`builder base` makes and records the new one")
-    if image.base.pin != inputs.base_digest:
-        return f"base digest {image.base.pin or 'unpinned'} -> {inputs.base_digest or 'unpinned'}"
+    if image.base.pin != inputs.base_pin:
+        return f"base pin {image.base.pin or 'unpinned'} -> {inputs.base_pin or 'unpinned'}"
     if image.source_date_epoch != inputs.source_date_epoch:
         return f"SOURCE_DATE_EPOCH {image.source_date_epoch} -> {inputs.source_date_epoch}"
     changed = _changed_files(root, image, inputs)

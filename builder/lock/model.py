@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 from builder.engine.identity import EngineIdentity
 from builder.lock.system_packages import SystemPackages
+from builder.lock.smoke_report import SmokeReport
 
 DEFAULT_INDEX = "default index"  # a distribution's `source` when it comes from pip's default index (or a mirror)
 
@@ -191,14 +192,17 @@ class ImageRecord:
 class SmokeRecord:
     image_id: str | None
     passed: bool
-    report: dict | str | None  # the smoke report itself, or the path of one (relative to the project)
+    report: SmokeReport | None
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {"image_id": self.image_id, "passed": self.passed,
+                "report": self.report.to_dict() if self.report else None}
 
     @classmethod
     def from_dict(cls, data: dict) -> SmokeRecord:
-        return cls(data.get("image_id"), bool(data["passed"]), data.get("report"))
+        report = data.get("report")
+        return cls(data.get("image_id"), bool(data["passed"]),
+                   SmokeReport.from_dict(report) if report is not None else None)
 
 
 @dataclass(frozen=True)

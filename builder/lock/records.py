@@ -8,6 +8,7 @@ from pathlib import Path
 
 from builder.errors import BuildFailure, UserError
 from builder.lock import store
+from builder.lock.smoke_report import SmokeReport
 from builder.paths import project_relative
 from builder.lock.model import (
     STATUS_BUILT, STATUS_PINNED, STATUS_SMOKE_PASSED, Bench, ImageRecord, LockEntry, MeasuredFigure,
@@ -15,7 +16,7 @@ from builder.lock.model import (
 )
 
 
-def record_build(name: str, image: ImageRecord, smoke: dict, path: Path) -> None:
+def record_build(name: str, image: ImageRecord, smoke: SmokeReport, path: Path) -> None:
     """A built image that passed its smoke checks, recorded in one write. Rebuilding the image the lock
     already records keeps what was learnt about it (push, measurements, pin); a new image starts over."""
 
@@ -38,11 +39,10 @@ def record_build(name: str, image: ImageRecord, smoke: dict, path: Path) -> None
     store.update(change, path)
 
 
-def record_smoke(name: str, passed: bool, report: dict | str | Path | None, image_id: str | None = None, *,
-                 path: Path) -> None:
+def record_smoke(name: str, report: SmokeReport, image_id: str | None = None, *, path: Path) -> None:
     """The smoke result of the recorded image (or of `image_id`: a candidate that was never recorded
     is kept apart and changes nothing else)."""
-    kept = report if isinstance(report, dict) or report is None else project_relative(report, Path(path).parent)
+    passed, kept = report.passed, report
 
     def change(lock: store.LockFile) -> None:
         found = lock.require(name)

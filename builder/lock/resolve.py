@@ -75,20 +75,36 @@ def resolve(stack: Stack, uv: str | None = None) -> WheelResolution:
         if not os.environ.get("SSL_CERT_FILE"):
             common.append("--native-tls")  # the host's CA store, where no bundle is named
 
-        pylock = work / "pylock.toml"
+        wheels, graph_text = _pins_and_graph(stack, uv, requirements, common, platform, work)
+    entries = parse_annotated(graph_text)
+    return _assemble(stack, indexes, strategy, wheels, entries, platform)
+
+
+# An index's pages can change between uv's two passes (a mirror or CDN edge answering with an older
+# page): the second then finds no version the first pinned. Both passes run once more before giving up.
+RESOLVE_ATTEMPTS = 2
+
+
+def _pins_and_graph(stack: Stack, uv: str, requirements: Path, common: list[str], platform: str,
+                    work: Path) -> tuple[dict[str, tuple[str, list[tuple[str, str]]]], str]:
+    """uv's pins with their wheel files (pylock.toml), then the annotated graph of those same pins."""
+    pylock = work / "pylock.toml"
+    constraints = work / "constraints.txt"
+    url_names = {p.name for p in stack.packages if p.url}
+    for _ in range(RESOLVE_ATTEMPTS):
         _run_uv(stack, [uv, "pip", "compile", str(requirements), "--format", "pylock.toml",
                         "-o", str(pylock), "--quiet", *common])
         wheels = _wheels_from_pylock(tomllib.loads(pylock.read_text()), platform)
-
-        constraints = work / "constraints.txt"
-        url_names = {p.name for p in stack.packages if p.url}
         constraints.write_text("".join(
             f"{name}=={version}\n" for name, (version, _) in sorted(wheels.items()) if name not in url_names
         ))
-        graph_text = _run_uv(stack, [uv, "pip", "compile", str(requirements), "-c", str(constraints),
-                                     "--emit-index-annotation", "--no-header", *common])
-    entries = parse_annotated(graph_text)
-    return _assemble(stack, indexes, strategy, wheels, entries, platform)
+        try:
+            return wheels, _run_uv(stack, [uv, "pip", "compile", str(requirements), "-c", str(constraints),
+                                          "--emit-index-annotation", "--no-header", *common])
+        except UserError as error:
+            graph_error = error
+    raise UserError(f"{graph_error} (the index's answer changed between two reads, {RESOLVE_ATTEMPTS} times: "
+                    "a mirror mid-sync? try again later)")
 
 
 def platform_for(stack: Stack) -> str:

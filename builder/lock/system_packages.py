@@ -1,5 +1,5 @@
 """A row's locked system packages as frozen values: what `builder lock` records in the resolution
-(builder/publish/debian_archive.py resolves them from the archive's signed index) and what
+(builder/lock/debian_archive.py resolves them from the archive's signed index) and what
 `builder fetch`, `builder base` and a registry row's build read back (Resolution.system_packages).
 """
 

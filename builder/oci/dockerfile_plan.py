@@ -6,7 +6,7 @@ itself. Only the instructions the templates emit are accepted, each in the one f
 mount as RUN's only option); anything else is refused by its line, never guessed at.
 
 Each step also carries the history text buildah 1.28 writes for it, in the canonical form
-(builder/engine/canonical.py drops the source digests), so an image the builder writes and the engine's
+(builder/oci/canonical.py drops the source digests), so an image the builder writes and the engine's
 image in canonical form have the same config and the same id.
 """
 

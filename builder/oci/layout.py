@@ -20,7 +20,7 @@ import json
 import os
 import secrets
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -248,3 +248,14 @@ def scratch_layout(workdir: Path, kind: str) -> Iterator[Layout]:
         yield Layout.create(root)
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def linked_layout(store: Layout, workdir: Path, digests: Sequence[str]) -> Iterator[Layout]:
+    """A scratch layout under `workdir` holding `store`'s blobs `digests` as hard links (no byte copied;
+    `workdir` must be on the store's filesystem): an image of the store's handed to a reader with an
+    index of its own."""
+    with scratch_layout(workdir, "view") as view:
+        for digest in dict.fromkeys(digests):
+            os.link(store.blob_path(digest), view.blob_path(digest))
+        yield view

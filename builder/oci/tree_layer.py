@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from builder.engine import canonical
+from builder.oci import canonical
 from builder.oci.layout import Layout
 
 _CHUNK = 1 << 20

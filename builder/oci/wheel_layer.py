@@ -1,6 +1,6 @@
 """One image layer written straight from locked wheels: each wheel unpacked into a virtual
 environment's install scheme, as `pip install --no-deps --no-compile` would lay it out, into one tar in
-the canonical form (builder/engine/canonical.py), written once into an OCI layout (layout.py).
+the canonical form (builder/oci/canonical.py), written once into an OCI layout (layout.py).
 
 PyPA's `installer` reads the wheel (WHEEL, entry points, the .data directory and its schemes); the
 destination here decides what each file becomes, in pip's form: console scripts with pip's launcher
@@ -37,9 +37,9 @@ from installer.records import Hash, RecordEntry
 from installer.sources import WheelFile
 from installer.utils import Scheme, fix_shebang
 
-from builder.engine import canonical
 from builder.errors import BuildFailure, UserError
 from builder.files import sha256_file
+from builder.oci import canonical
 from builder.oci.layout import Layout
 
 INSTALLER_NAME = b"sglang-image-builder\n"

@@ -1,9 +1,10 @@
-"""`builder push` of an image that is only in buildah's storage: `buildah push` straight to the
-registry, so publishing needs no copy of the image in the Docker daemon (CI builds and pushes this way).
+"""`builder push` of an image that is only in buildah's storage: the engine pushes it straight to the
+registry (StorageEngine.push_to_registry), so publishing needs no copy of the image in the Docker daemon
+(CI builds and pushes this way).
 
 The credentials are the ones the Docker config holds for the host (what the daemon would use), handed
-to buildah in a private auth file (empty when there are none), never on the command line. Whether
-buildah verifies TLS is the transport policy's to say (publish/transport_policy.py): off only for a
+to the engine in a private auth file (empty when there are none), never on the command line. Whether
+the engine verifies TLS is the transport policy's to say (net/transport_policy.py): off only for a
 loopback registry, judged by its parsed host, as the Docker daemon speaks plain HTTP to it.
 """
 
@@ -15,34 +16,27 @@ import os
 import tempfile
 from pathlib import Path
 
-from builder.engine.process import run_quiet
+from builder.engine.protocol import StorageEngine
 from builder.errors import BuildFailure
-from builder.publish import transport_policy
-from builder.publish.registry_auth import Credentials
-from builder.publish.registry_http import TransientError
+from builder.net import transport_policy
+from builder.net.registry_auth import Credentials
+from builder.net.registry_http import TransientError
 
 
-def push(image_id: str, reference: str, host: str, credentials: Credentials | None,
+def push(engine: StorageEngine, image_id: str, reference: str, host: str, credentials: Credentials | None,
          is_transient, policy: transport_policy.Policy | None = None) -> str:
     """Push image_id as reference (host/repository:tag); the manifest digest the registry stored."""
+    policy = policy or transport_policy.load()
     with tempfile.TemporaryDirectory(prefix="builder-push-") as scratch:
-        digest_file = Path(scratch) / "digest"
-        argv = ["buildah", "push", "--quiet", "--digestfile", str(digest_file)]
-        policy = policy or transport_policy.load()
-        argv.append(f"--tls-verify={'true' if transport_policy.engine_tls_verify(host, policy) else 'false'}")
-        # Always our own auth file: exactly the Docker config's credentials, whatever else buildah would read.
-        argv += ["--authfile", str(_auth_file(Path(scratch), host, credentials))]
-        argv += [image_id, f"docker://{reference}"]
+        # Always our own auth file: exactly the Docker config's credentials, whatever else the engine would read.
+        auth_file = _auth_file(Path(scratch), host, credentials)
         try:
-            run_quiet(argv, f"buildah push {reference}")
+            return engine.push_to_registry(image_id, reference, transport_policy.engine_tls_verify(host, policy),
+                                           auth_file)
         except BuildFailure as error:
             if is_transient(str(error)):
                 raise TransientError(str(error)) from None
             raise
-        digest = digest_file.read_text().strip() if digest_file.is_file() else ""
-    if not digest.startswith("sha256:"):
-        raise BuildFailure(f"push {reference}: buildah reported no digest")
-    return digest
 
 
 def _auth_file(directory: Path, host: str, credentials: Credentials | None) -> Path:

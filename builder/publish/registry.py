@@ -9,6 +9,7 @@ checked against the lock: same manifest digest, same image id.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import docker
@@ -16,13 +17,14 @@ import docker.errors
 import requests
 
 from builder.engine.daemon import docker_client
-from builder.engine.protocol import Engine
+from builder.engine.protocol import StorageEngine
 from builder.errors import BuildFailure, UserError, one_line
 from builder.lock import records, store
 from builder.lock.model import PushRecord
-from builder.publish import engine_push, registry_auth, transport_policy
-from builder.publish.registry_http import ACCEPT_MANIFESTS, Retry, TransientError, api_get, get_manifest, reason
-from builder.publish.transport_policy import Policy
+from builder.net import registry_auth, transport_policy
+from builder.net.registry_http import ACCEPT_MANIFESTS, Retry, TransientError, api_get, get_manifest, reason
+from builder.net.transport_policy import Policy
+from builder.publish import engine_push
 
 # What the daemon says when the registry (or the way to it) failed, not the request.
 _TRANSIENT = re.compile(
@@ -93,11 +95,34 @@ def remote_config_digest(host: str, repository: str, tag: str, credentials: regi
 # --- push and pull --------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Pushed:
+    repository: str  # host/repository
+    tag: str  # the immutable tag
+    manifest_digest: str  # what the registry stored, and the lock records
+
+    @property
+    def tagged(self) -> str:
+        return f"{self.repository}:{self.tag}"
+
+    @property
+    def reference(self) -> str:
+        """What a pull by digest names."""
+        return f"{self.repository}@{self.manifest_digest}"
+
+
+@dataclass(frozen=True)
+class Pulled:
+    reference: str  # host/repository@manifest_digest, as pulled
+    image_id: str  # checked against the lock's
+    tag: str  # the immutable tag it runs under locally
+
+
 def push(stack: str, registry: str, *, lock_path: Path, retry: Retry = Retry(),
-         client: docker.DockerClient | None = None, engine: Engine | None = None) -> dict:
+         client: docker.DockerClient | None = None, engine: StorageEngine | None = None) -> Pushed:
     """Push the stack's immutable tag; record the registry digest in the lock once it is there.
     `engine`: whose storage to push from when the Docker daemon lacks the image (the CLI's: buildah's
-    default storage, which publish/engine_push.py reads); None: the daemon only."""
+    default storage, which pushes itself: publish/engine_push.py); None: the daemon only."""
     found = store.entry(stack, lock_path)
     if found is None:
         raise UserError(f"{stack} is not in matrix.lock: run `builder lock --stack {stack}`")
@@ -130,14 +155,15 @@ def push(stack: str, registry: str, *, lock_path: Path, retry: Retry = Retry(),
             raise BuildFailure(f"{host}/{remote}:{tag} already names another image ({existing}); "
                                "immutable tags are never moved")
         if client is None:
-            return engine_push.push(local_id, f"{host}/{remote}:{tag}", host, credentials, is_transient, policy)
+            return engine_push.push(engine, local_id, f"{host}/{remote}:{tag}", host, credentials, is_transient,
+                                    policy)
         client.api.tag(local_id, f"{host}/{remote}", tag)
         return _push_stream(client, f"{host}/{remote}", tag, credentials.for_daemon(host) if credentials else None)
 
     digest = retry.run(f"push {host}/{remote}:{tag}", once)
     records.record_push(stack, PushRecord(registry=registry, repository=remote, tag=tag, manifest_digest=digest),
                         path=lock_path)
-    return {"reference": f"{host}/{remote}@{digest}", "tag": f"{host}/{remote}:{tag}", "digest": digest}
+    return Pushed(f"{host}/{remote}", tag, digest)
 
 
 def _daemon_holding(image_id: str) -> docker.DockerClient | None:
@@ -172,7 +198,7 @@ def _push_stream(client: docker.DockerClient, repository: str, tag: str, auth_co
 
 
 def pull(stack: str, registry: str | None = None, *, lock_path: Path, retry: Retry = Retry(),
-         client: docker.DockerClient | None = None) -> dict:
+         client: docker.DockerClient | None = None) -> Pulled:
     """Pull the stack's image by the digest the lock recorded at push, and check it is that image."""
     found = store.entry(stack, lock_path)
     if found is None:
@@ -210,7 +236,7 @@ def pull(stack: str, registry: str | None = None, *, lock_path: Path, retry: Ret
     # The names the stack runs under locally, as after a build: compose.yaml runs the moving tag.
     for name in image.tags:
         pulled.tag(*split_tag(name))
-    return {"reference": reference, "image_id": pulled.id, "tag": image.immutable_tag}
+    return Pulled(reference, pulled.id, image.immutable_tag)
 
 
 def _last_line(error: Exception) -> str:

@@ -15,11 +15,12 @@ from builder.bump.newer import KnownRelease, known_releases, newest_release
 from builder.config import reference_figures
 from builder.config.matrix import LOCAL_SUFFIX, Matrix
 from builder.config.stack import Stack
-from builder.image import patch_series
-from builder.image.render import mode_references
-from builder.lock import store
+from builder.lock import build_report, store
 from builder.lock.model import LockEntry, MeasuredFigure, SmokeRecord
+from builder.patches import patch_series
+from builder.render.render import mode_references
 from builder.runtime.serve.bench import verdict as bench_verdict
+from builder.runtime.smoke.report import FAIL, PASS, SKIP, Result
 
 NOT_LOCKED = "not locked"  # a matrix row `builder lock` has not resolved
 REJECTED = "rejected"  # no recorded image; the last candidate failed its smoke checks
@@ -170,7 +171,7 @@ def gather(matrix: Matrix, rows: tuple[Stack, ...], lock_path: Path,
            known: dict[str, KnownRelease]) -> Status:
     lock = store.read(lock_path)
     bump_verdicts = _bump_verdicts(matrix.project.reports)
-    gathered = tuple(_row(stack, lock.get(stack.name), matrix, lock_path, bump_verdicts, known) for stack in rows)
+    gathered = tuple(_row(stack, lock.get(stack.name), matrix, bump_verdicts, known) for stack in rows)
     upstream = []
     for package in looked_up_packages(matrix):
         pins = tuple((s.name, s.package(package).version) for s in rows if s.package(package))
@@ -181,19 +182,19 @@ def gather(matrix: Matrix, rows: tuple[Stack, ...], lock_path: Path,
     return Status(gathered, tuple(upstream))
 
 
-def _row(stack: Stack, entry: LockEntry | None, matrix: Matrix, lock_path: Path,
+def _row(stack: Stack, entry: LockEntry | None, matrix: Matrix,
          bump_verdicts: dict, known: dict[str, KnownRelease]) -> Row:
     outcome = entry.outcome if entry else None
     image = outcome.image if outcome else None
     state = NOT_LOCKED if entry is None else outcome.status
     if outcome and image is None and outcome.rejected_candidate and not outcome.rejected_candidate.passed:
         state = REJECTED
-    smoke_results = _smoke_results(outcome.smoke, lock_path.parent) if outcome and outcome.smoke else None
-    smoke = _smoke(outcome.smoke, smoke_results) if outcome and outcome.smoke else Smoke("not run")
+    smoke_results = outcome.smoke.report.results if outcome and outcome.smoke and outcome.smoke.report else None
+    smoke = _smoke(outcome.smoke) if outcome and outcome.smoke else Smoke("not run")
     rejected = None
     if outcome and outcome.rejected_candidate:
         candidate = outcome.rejected_candidate
-        rejected = _smoke(candidate, _smoke_results(candidate, lock_path.parent))
+        rejected = _smoke(candidate)
     base = image.base if image else entry.resolution.base if entry else None  # what the image was built on
     base_text = stack.base.name + (f"@{short(base.pin)}" if base and base.pin else "")
     newer = tuple(Newer(p.name, p.version, known[p.name].newest, known[p.name].checked)
@@ -211,27 +212,13 @@ def _row(stack: Stack, entry: LockEntry | None, matrix: Matrix, lock_path: Path,
     )
 
 
-def _smoke_results(record: SmokeRecord, root: Path) -> list[dict] | None:
-    """The per-check results of a smoke run (kept in the lock, or in a report file it names)."""
-    report = record.report
-    if isinstance(report, str):
-        try:
-            report = json.loads((root / report).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return None
-    results = report.get("results") if isinstance(report, dict) else None
-    if not isinstance(results, list):
-        return None
-    return [r for r in results if isinstance(r, dict) and isinstance(r.get("check"), str)]
-
-
-def _smoke(record: SmokeRecord, results: list[dict] | None) -> Smoke:
+def _smoke(record: SmokeRecord) -> Smoke:
     outcome = "passed" if record.passed else "failed"
-    if results is None:
+    if record.report is None:
         return Smoke(outcome, record.image_id)
-    statuses = [r.get("status") for r in results]
-    return Smoke(outcome, record.image_id, statuses.count("pass"), statuses.count("fail"), statuses.count("skip"),
-                 tuple(r["check"] for r in results if r.get("status") == "fail"))
+    counts = record.report.counts()
+    return Smoke(outcome, record.image_id, counts[PASS], counts[FAIL], counts[SKIP],
+                 tuple(record.report.failures()))
 
 
 def _modes(stack: Stack, measured: tuple[MeasuredFigure, ...], matrix: Matrix) -> tuple[ModeBench, ...]:
@@ -258,9 +245,9 @@ def _modes(stack: Stack, measured: tuple[MeasuredFigure, ...], matrix: Matrix) -
     return tuple(found)
 
 
-def _patches(stack: Stack, matrix: Matrix, results: list[dict] | None, built: bool,
+def _patches(stack: Stack, matrix: Matrix, results: tuple[Result, ...] | None, built: bool,
              bump_verdicts: dict) -> tuple[PatchState, ...]:
-    statuses = {r["check"]: r.get("status") for r in results or ()}
+    statuses = {result.check: result.status for result in results or ()}
     found = []
     for distribution, version in stack.patch_series:
         series = patch_series.series_dir(distribution, version, matrix.project.patches) / "series"
@@ -298,16 +285,16 @@ class Layer:
 
 
 def image_layers(entry: LockEntry | None, root: Path) -> tuple[tuple[Layer, ...], str | None]:
-    """The recorded image's layers and their sizes, from its build report (builder/image/build.py), and
+    """The recorded image's layers and their sizes, from its build report (builder/build_stack/build.py), and
     the report's path; no layers when no image is recorded or its report is not there."""
     image = entry.outcome.image if entry else None
     if image is None:
         return (), None
     try:
-        layers = json.loads((root / image.report).read_text(encoding="utf-8"))["layers"]
-        return tuple(Layer(str(layer["step"]), int(layer["bytes"])) for layer in layers), image.report
-    except (OSError, ValueError, KeyError, TypeError):
+        layers = build_report.read(root / image.report).layers
+    except (OSError, ValueError):
         return (), image.report
+    return tuple(Layer(layer.step, layer.size or 0) for layer in layers), image.report
 
 
 @dataclass(frozen=True)

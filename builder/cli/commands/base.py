@@ -1,21 +1,22 @@
-"""`builder base`: make the local Debian base image, load it into the engine, print its digest."""
+"""`builder base`: make the local Debian base image, load it into the engine, print its image id."""
 
 from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable
 from pathlib import Path
 
+from builder.base.local_base import DEFAULT_PACKAGES, BaseSpec, check_locked, make_base
+from builder.cache.deb_cache import DebCache
 from builder.cli import arguments
+from builder.config.matrix import Matrix, load_matrix
 from builder.engine import get_engine
-from builder.image.deb_cache import DebCache
-from builder.image.local_base import DEFAULT_PACKAGES, BaseSpec, check_locked, make_base
+from builder.errors import UserError
 from builder.lock import store
+from builder.lock import debian_archive
 from builder.lock.resolution import record_base
 from builder.lock.system_packages import SystemPackages
-from builder.publish import debian_archive
-from builder.errors import UserError
-from builder.config.matrix import Matrix, load_matrix
 from builder.paths import LOCAL_BASE_REPOSITORY, local_base_tag
 
 DEFAULT_MATRIX = "matrix.toml"
@@ -27,7 +28,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="build the local Debian base image with mmdebstrap (reproducible)",
         description="Build a minimal Debian base image with mmdebstrap from exactly the .deb files "
         "matrix.lock records (fetched into the cache when missing), with no network, bit-for-bit "
-        "reproducible for a given SOURCE_DATE_EPOCH; load it into the engine and print its digest.",
+        "reproducible for a given SOURCE_DATE_EPOCH; load it into the engine and print its image id.",
     )
     parser.add_argument(
         "--matrix", default=DEFAULT_MATRIX,
@@ -120,14 +121,20 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def local_base_sources(matrix: Matrix) -> Callable[[], tuple[str, ...]]:
+    """Where the local base's .debs are fetched from first: the apt sources of the local rows (apt's own
+    configuration, which names the mirror), before each archive's snapshot."""
+    apt = next((stack.base.apt for stack in matrix.all_rows() if stack.base.local and stack.base.apt), None)
+    return lambda: debian_archive.fetch_sources(apt) if apt else ()
+
+
 def make_and_record(spec: BaseSpec, matrix: Matrix, output: Path, engine, check_reproducible: bool = False) -> str:
     """Make the base from the lock's .debs, load it, record its digest for the rows on it; returns it."""
     locked = check_locked(spec, locked_packages(matrix))
     if engine is not None:
         engine.check()
-    apt = next((stack.base.apt for stack in matrix.all_rows() if stack.base.local and stack.base.apt), None)
     result = make_base(spec, output, locked, DebCache(), engine=engine, check_reproducible=check_reproducible,
-                       sources=lambda: debian_archive.fetch_sources(apt) if apt else ())
+                       sources=local_base_sources(matrix))
     print(f"base {result.tag}: {result.image_id}")
     print(f"  archive {result.archive} (layer {result.rootfs_sha256}, {result.rootfs_bytes} bytes)")
     if engine is not None:

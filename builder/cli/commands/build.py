@@ -1,8 +1,8 @@
 """`builder build`: build, smoke-test and tag stacks."""
 
+from builder.build_stack import build
 from builder.cli import arguments
 from builder.engine import get_engine
-from builder.image import build
 
 
 def register(subparsers) -> None:

@@ -1,9 +1,10 @@
 """`builder fetch`: every locked wheel and .deb of the selected stacks into the host's cache."""
 
+from builder.build_stack import build
+from builder.cache import deb_cache, wheel_cache
 from builder.cli import arguments
 from builder.engine.progress import Progress
-from builder.image import build, deb_cache, wheel_cache
-from builder.publish import debian_archive
+from builder.lock import debian_archive
 from builder.lock.resolution import check_current
 
 

@@ -4,17 +4,17 @@
 import os
 import sys
 
+from builder.base.local_base import BaseSpec
+from builder.build_stack import context
 from builder.cli import arguments
 from builder.cli.commands import base
 from builder.config import reference_figures
 from builder.engine import get_engine
-from builder.image import context
-from builder.image.local_base import BaseSpec
 from builder.lock import check as lock_check
 from builder.lock import store
+from builder.lock import base_digest, debian_archive
 from builder.lock.resolution import base_pin, lock_stacks
 from builder.paths import local_base_tag
-from builder.publish import base_digest, debian_archive
 
 
 def register(subparsers) -> None:
@@ -37,17 +37,17 @@ def run(args) -> int:
     if args.check:
         return check(stacks, matrix)
     figures = reference_figures.load(matrix.project.reference_figures, stacks=matrix.all_rows())
-    before = _local_base_digest(stacks, matrix.project.lock)
+    before = _local_base_pin(stacks, matrix.project.lock)
     for line in lock_stacks(stacks, path=matrix.project.lock, base_resolver=base_digest.resolve,
                             apt_resolver=debian_archive.resolve, references=figures):
         print(line)
-    if before is not None and _local_base_digest(stacks, matrix.project.lock) == "":
+    if before is not None and _local_base_pin(stacks, matrix.project.lock) == "":
         _remake_base(matrix, before, args.no_base)
     return 0
 
 
-def _local_base_digest(stacks, path) -> str | None:
-    """The image id the lock records for the local base (None: no selected row is on it)."""
+def _local_base_pin(stacks, path) -> str | None:
+    """The base pin (an image id) the lock records for the local base (None: no selected row is on it)."""
     lock = store.read(path)
     for stack in stacks:
         if stack.base.local:
@@ -57,15 +57,15 @@ def _local_base_digest(stacks, path) -> str | None:
 
 
 def _remake_base(matrix, before: str, skip: bool) -> None:
-    """The base's packages moved (or were never made): its new digest, made from the new lock."""
+    """The base's packages moved (or were never made): its new image id, made from the new lock."""
     name = matrix.local_base["name"]
     if skip or os.geteuid() != 0:
-        print(f"{name} base: no digest for its locked packages; run `builder base` to make it and record it")
+        print(f"{name} base: no image id for its locked packages; run `builder base` to make it and record it")
         return
     spec = BaseSpec(source_date_epoch=matrix.source_date_epoch, suite=matrix.local_base["suite"],
                     packages=tuple(matrix.local_base["packages"]), tag=local_base_tag(name))
-    digest = base.make_and_record(spec, matrix, matrix.project.root / "build" / "base", get_engine("buildah"))
-    print(f"{name} base: {before or 'none'} -> {digest}")
+    image_id = base.make_and_record(spec, matrix, matrix.project.root / "build" / "base", get_engine("buildah"))
+    print(f"{name} base: {before or 'none'} -> {image_id}")
 
 
 def check(stacks, matrix) -> int:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 
 from builder.cli import arguments
-from builder.image import patch_series
 from builder.errors import UserError
+from builder.patches import patch_series
 from builder.paths import Project
 
 

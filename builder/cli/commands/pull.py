@@ -17,5 +17,5 @@ def run(args) -> int:
     matrix = arguments.load(args)
     stack = matrix.stack(args.stack)
     pulled = registry.pull(stack.name, args.registry, lock_path=matrix.project.lock)
-    print(f"{stack.name}: {pulled['reference']} is {pulled['image_id']}, tagged {pulled['tag']}")
+    print(f"{stack.name}: {pulled.reference} is {pulled.image_id}, tagged {pulled.tag}")
     return 0

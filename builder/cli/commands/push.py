@@ -17,5 +17,5 @@ def run(args) -> int:
     matrix = arguments.load(args)
     stack = matrix.stack(args.stack)
     pushed = registry.push(stack.name, args.registry, lock_path=matrix.project.lock, engine=storage_engine())
-    print(f"{stack.name}: pushed {pushed['tag']} = {pushed['reference']}")
+    print(f"{stack.name}: pushed {pushed.tagged} = {pushed.reference}")
     return 0

@@ -3,8 +3,8 @@
 import sys
 
 from builder.cli import arguments
-from builder.image import render
 from builder.errors import BuildFailure
+from builder.render import render
 
 
 def register(subparsers) -> None:

@@ -4,8 +4,8 @@ it holds IMAGE, else where `builder build` left it (buildah's storage, through p
 from __future__ import annotations
 
 from builder.engine import image_reference, storage_engine
-from builder.image import smoke_gate, smoke_host
 from builder.runtime.smoke.program import CHECKS
+from builder.smoke import smoke_gate, smoke_host
 
 
 def register(subparsers) -> None:

@@ -2,8 +2,8 @@
 
 from builder.cli import arguments
 from builder.engine import storage_engine
-from builder.image import verify
 from builder.errors import UserError
+from builder.verify import verify
 
 
 def register(subparsers) -> None:

@@ -1,0 +1,1 @@
+"""How the builder reaches registries: the loopback rule, the TLS and login policy, the registry token flow and HTTP client."""

@@ -1,0 +1,89 @@
+"""Run the in-image smoke checks in a container and collect their report.
+
+The program is the module builder.runtime.smoke, copied into every image at
+/opt/builder/runtime/; here it runs through the Docker SDK, with the GPUs
+passed in when asked (`--gpus all` is a DeviceRequest for every GPU).
+"""
+
+from __future__ import annotations
+
+import os
+import docker
+import docker.errors
+from docker.types import DeviceRequest
+
+from builder.engine.container_limits import own_ulimits
+from builder.engine.daemon import docker_client
+from builder.errors import BuildFailure, UserError
+from builder.lock.smoke_report import SmokeReport
+from builder.paths import TOOLS_DIR, VENV_PYTHON
+from builder.runtime.smoke import report as smoke_report
+SMOKE_COMMAND = [VENV_PYTHON, "-m", "builder.runtime.smoke", "--json"]
+# The in-image tools are the package builder.runtime under TOOLS_DIR's parent (/opt).
+SMOKE_ENVIRONMENT = {"PYTHONPATH": os.path.dirname(TOOLS_DIR)}
+
+
+def device_requests(gpus: str | None) -> list[DeviceRequest]:
+    """`--gpus all` / `--gpus N` as the Docker API's device request; none without --gpus."""
+    if gpus is None:
+        return []
+    if gpus == "all":
+        count = -1
+    elif gpus.isdigit() and int(gpus) > 0:
+        count = int(gpus)
+    else:
+        raise UserError(f"--gpus takes 'all' or a positive number, not {gpus!r}")
+    return [DeviceRequest(count=count, capabilities=[["gpu"]])]
+
+
+def run_in_image(image: str, gpus: str | None = None, only: list[str] | None = None,
+                 client: docker.DockerClient | None = None, labels: dict[str, str] | None = None) -> SmokeReport:
+    """Run the checks in a fresh container of `image` and collect their report. `labels` mark the
+    container as a run's, so what a run that died left can be found (engine/leftovers.py)."""
+    command = SMOKE_COMMAND + (["--only", *only] if only else [])
+    try:
+        client = client or docker_client()
+        # The program as the entrypoint itself: podman's API reads an empty entrypoint as "the image's".
+        container = client.containers.create(image, command=command[1:], entrypoint=command[:1],
+                                             environment=SMOKE_ENVIRONMENT,
+                                             device_requests=device_requests(gpus), labels=labels or {},
+                                             ulimits=own_ulimits())
+    except docker.errors.ImageNotFound:
+        raise UserError(f"image {image} not found") from None
+    except docker.errors.DockerException as error:
+        raise UserError(f"cannot reach the Docker daemon: {_first_line(error)}") from None
+    try:
+        container.start()
+        status = container.wait()["StatusCode"]
+        stdout = container.logs(stdout=True, stderr=False).decode("utf-8", "replace")
+        stderr = container.logs(stdout=False, stderr=True).decode("utf-8", "replace")
+    except docker.errors.APIError as error:
+        raise BuildFailure(f"smoke checks could not run in {image}: {_first_line(error)}") from None
+    finally:
+        container.remove(force=True)
+    try:
+        stack, results = smoke_report.from_json(stdout)
+    except (ValueError, KeyError, TypeError):
+        tail = (stderr.strip().splitlines() or [f"exit status {status}, no output"])[-1]
+        raise BuildFailure(f"smoke checks in {image} gave no report: {tail}") from None
+    return SmokeReport(image, stack, tuple(results))
+
+
+def smoke(image: str, gpus: str | None, json_path: str | None, only: list[str] | None = None,
+          client: docker.DockerClient | None = None) -> int:
+    """Print the table, write the JSON report if asked; 1 when any check failed."""
+    report = run_in_image(image, gpus, only, client)
+    print(report.table(), end="")
+    if json_path:
+        try:
+            with open(json_path, "w", encoding="utf-8") as handle:
+                handle.write(smoke_report.to_json(report.stack, list(report.results)))
+        except OSError as error:
+            raise UserError(f"cannot write {json_path}: {error.strerror}") from None
+    if not report.passed:
+        raise BuildFailure(f"smoke checks failed in {image}: {', '.join(report.failures())}")
+    return 0
+
+
+def _first_line(error: Exception) -> str:
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
