@@ -30,9 +30,11 @@ from builder.lock.model import ImageRecord, LockEntry, Resolution
 from builder.lock.resolution import base_pin, check_current
 from builder.lock.smoke_report import SmokeReport
 from builder.lock.system_packages import SystemPackages
-from builder.paths import DEBS_CONTEXT_DIR, WHEELS_CONTEXT_DIR, Project, project_relative
+from builder.paths import DEBS_CONTEXT_DIR, WHEELS_CONTEXT_DIR, Project, cache_root, project_relative
 from builder.render import render
-from builder.smoke import smoke_gate, smoke_host
+from builder.smoke import keyed_gate, smoke_gate, smoke_host
+from builder.smoke.image_files import ImageFiles
+from builder.smoke.keyed_results import KeyedResults
 
 @dataclass(frozen=True)
 class BuildOutcome:
@@ -156,9 +158,11 @@ def recorded_smoke(entry: LockEntry, image_id: str) -> SmokeReport | None:
 
 
 def _smoke(stack: Stack, entry: LockEntry, image_id: str, candidate: str, resmoke: bool, progress: Progress,
-           durations: dict, host: smoke_host.SmokeHost) -> SmokeReport:
+           durations: dict, host: smoke_host.SmokeHost, engine: Engine) -> SmokeReport:
     """The checks run in the candidate, unless the lock holds a pass for this very image id: the id is
-    the image's content, so running them again could only repeat that answer (--resmoke does anyway)."""
+    the image's content, so running them again could only repeat that answer (--resmoke does anyway).
+    Where the engine keeps the layers' tars, each check runs only when something it read before changed
+    (smoke/keyed_gate.py); elsewhere all of them run."""
     known = None if resmoke else recorded_smoke(entry, image_id)
     if known is not None:
         progress.stage(f"{stack.name}: smoke checks passed before for {image_id} (matrix.lock); --resmoke runs them")
@@ -166,7 +170,18 @@ def _smoke(stack: Stack, entry: LockEntry, image_id: str, candidate: str, resmok
         return known
     progress.stage(f"{stack.name}: smoke checks in {candidate}")
     started = time.monotonic()
-    report = smoke_gate.run_in_image(candidate, client=host.client, labels=host.labels())
+    layers = engine.layer_tars(image_id)
+    if layers is None:
+        report = smoke_gate.run_in_image(candidate, client=host.client, labels=host.labels())
+    else:
+        files = ImageFiles(layers, cache_root() / "layer-listings")
+        outcome = keyed_gate.run(candidate, image_id, stack.name, files, engine.inspect(image_id).config,
+                                 KeyedResults(cache_root() / "smoke-reads" / stack.name), host.client,
+                                 host.labels(), resmoke)
+        report = outcome.report
+        if outcome.reused:
+            progress.stage(f"{stack.name}: smoke checks answered by an earlier run, nothing they read having "
+                           f"changed: {', '.join(outcome.reused)}; run: {', '.join(outcome.ran) or 'none'}")
     durations["smoke"] = round(time.monotonic() - started, 1)
     progress.block(report.table())
     # Recorded under the image id: the candidate tag names this run's process, so a record keeping it
@@ -210,7 +225,8 @@ def _build_stack(stack: Stack, engine: Engine, progress: Progress, project: Proj
     try:
         for store in (engine, loader) if loader else (engine,):
             immutable.check(store, immutable_tag, result.image_id, result.identity, entry.outcome.image)
-        smoke_result = _smoke(stack, entry, result.image_id, candidate, resmoke, progress, durations, host)
+        smoke_result = _smoke(stack, entry, result.image_id, candidate, resmoke, progress, durations, host,
+                              engine)
         if not smoke_result.passed:
             records.record_smoke(stack.name, smoke_result, image_id=result.image_id, path=lock_path)
             raise BuildFailure(f"{stack.name}: smoke checks failed; {immutable_tag} not tagged")

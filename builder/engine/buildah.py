@@ -505,6 +505,12 @@ class BuildahEngine:
         with podman_service.serve(self.storage_dir) as service:
             yield ContainerApi(service.client, service.url, service.pid)
 
+    def layer_tars(self, ref: str) -> list[tuple[str, Path]] | None:
+        """From the write-once layout, whose layer blobs are uncompressed (blob digest = diff_id)."""
+        layout = Layout(self._write_once_root() / "layout")
+        layers = [(layer.diff_id, layout.blob_path(layer.diff_id)) for layer in self.inspect(ref).layers]
+        return layers if all(path.is_file() for _, path in layers) else None
+
     def docker_loader(self) -> BuildahEngine:
         return BuildahEngine(storage_dir=self.storage_dir, export_to_docker=True, command=self.command)
 

@@ -189,6 +189,9 @@ class DockerEngine:
     def load_into_docker(self, result: BuildResult, tags: Sequence[str]) -> int:
         return 0  # built in the daemon, where build() tagged it
 
+    def layer_tars(self, ref: str) -> list[tuple[str, Path]] | None:
+        return None  # the daemon keeps its layers to itself
+
 
 def _succeeds(argv: list[str]) -> bool:
     return _output(argv) is not None

@@ -225,6 +225,10 @@ class Engine(Protocol):
     def load_into_docker(self, result: BuildResult, tags: Sequence[str]) -> int:
         """The built image into the Docker daemon under `tags`, only the layers it lacks; the bytes moved."""
 
+    def layer_tars(self, ref: str) -> list[tuple[str, Path]] | None:
+        """(diff_id, uncompressed tar) of each of the image's layers, base first, where the engine keeps
+        them as files of its own (the write-once layout); None where it keeps none or lacks one."""
+
 
 class StorageEngine(Engine, Protocol):
     """An engine whose storage the builder can make anew, mount and read: what `builder verify` needs

@@ -8,6 +8,8 @@ passed in when asked (`--gpus all` is a DeviceRequest for every GPU).
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
+
 import docker
 import docker.errors
 from docker.types import DeviceRequest
@@ -18,6 +20,7 @@ from builder.errors import BuildFailure, UserError
 from builder.lock.smoke_report import SmokeReport
 from builder.paths import TOOLS_DIR, VENV_PYTHON
 from builder.runtime.smoke import report as smoke_report
+from builder.smoke import read_tracer
 SMOKE_COMMAND = [VENV_PYTHON, "-m", "builder.runtime.smoke", "--json"]
 # The in-image tools are the package builder.runtime under TOOLS_DIR's parent (/opt).
 SMOKE_ENVIRONMENT = {"PYTHONPATH": os.path.dirname(TOOLS_DIR)}
@@ -40,23 +43,56 @@ def run_in_image(image: str, gpus: str | None = None, only: list[str] | None = N
                  client: docker.DockerClient | None = None, labels: dict[str, str] | None = None) -> SmokeReport:
     """Run the checks in a fresh container of `image` and collect their report. `labels` mark the
     container as a run's, so what a run that died left can be found (engine/leftovers.py)."""
-    command = SMOKE_COMMAND + (["--only", *only] if only else [])
+    run = _run_container(image, only, gpus, client or _client(), labels or {}, traced=False)
+    return SmokeReport(image, run.stack, tuple(run.results))
+
+
+@dataclass(frozen=True)
+class CheckRun:
+    stack: str
+    results: list[smoke_report.Result]
+    traces: list[str]  # the read tracer's files, one per process (empty when not traced)
+
+
+def run_traced(image: str, check: str, client: docker.DockerClient, labels: dict[str, str]) -> CheckRun:
+    """One check (a group of the smoke program) in a container of its own, under the read tracer."""
+    return _run_container(image, [check], None, client, labels, traced=True)
+
+
+def _client() -> docker.DockerClient:
     try:
-        client = client or docker_client()
+        return docker_client()
+    except docker.errors.DockerException as error:
+        raise UserError(f"cannot reach the Docker daemon: {_first_line(error)}") from None
+
+
+def _run_container(image: str, only: list[str] | None, gpus: str | None, client: docker.DockerClient,
+                   labels: dict[str, str], traced: bool) -> CheckRun:
+    command = SMOKE_COMMAND + (["--only", *only] if only else [])
+    environment = dict(SMOKE_ENVIRONMENT)
+    if traced:
+        environment.update(read_tracer.environment(SMOKE_ENVIRONMENT["PYTHONPATH"]))
+    try:
         # The program as the entrypoint itself: podman's API reads an empty entrypoint as "the image's".
         container = client.containers.create(image, command=command[1:], entrypoint=command[:1],
-                                             environment=SMOKE_ENVIRONMENT,
-                                             device_requests=device_requests(gpus), labels=labels or {},
+                                             environment=environment,
+                                             device_requests=device_requests(gpus), labels=labels,
                                              ulimits=own_ulimits())
     except docker.errors.ImageNotFound:
         raise UserError(f"image {image} not found") from None
     except docker.errors.DockerException as error:
         raise UserError(f"cannot reach the Docker daemon: {_first_line(error)}") from None
+    traces: list[str] = []
     try:
+        if traced:
+            container.put_archive(read_tracer.PARENT, read_tracer.archive())
         container.start()
         status = container.wait()["StatusCode"]
         stdout = container.logs(stdout=True, stderr=False).decode("utf-8", "replace")
         stderr = container.logs(stdout=False, stderr=True).decode("utf-8", "replace")
+        if traced:
+            stream, _ = container.get_archive(read_tracer.OUT)
+            traces = read_tracer.traces(b"".join(stream))
     except docker.errors.APIError as error:
         raise BuildFailure(f"smoke checks could not run in {image}: {_first_line(error)}") from None
     finally:
@@ -66,7 +102,7 @@ def run_in_image(image: str, gpus: str | None = None, only: list[str] | None = N
     except (ValueError, KeyError, TypeError):
         tail = (stderr.strip().splitlines() or [f"exit status {status}, no output"])[-1]
         raise BuildFailure(f"smoke checks in {image} gave no report: {tail}") from None
-    return SmokeReport(image, stack, tuple(results))
+    return CheckRun(stack, results, traces)
 
 
 def smoke(image: str, gpus: str | None, json_path: str | None, only: list[str] | None = None,

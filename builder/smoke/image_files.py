@@ -1,0 +1,156 @@
+"""An image's files as its layers make them, read from the layers' tars: which layer gives each path.
+
+The smoke results are kept with what each check read (smoke/keyed_results.py); whether a read would give
+another answer in another image is told here. A path's identity is the layer that gives it (a layer is
+named by its content, so the same layer gives the same bytes), with every symbolic link followed on the
+way, and a directory's listing is the names in it. Layer tars are uncompressed (the write-once layout's
+blobs); their listings are kept under `listings_dir` by diff_id, so each layer is read once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import posixpath
+import tarfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from builder.oci.layout import hex_of
+
+_WHITEOUT = ".wh."
+_OPAQUE = ".wh..wh..opq"
+_MAX_LINKS = 40  # the kernel's limit on links followed in one lookup
+ABSENT = "absent"
+
+
+@dataclass(frozen=True)
+class Entry:
+    layer: str  # diff_id of the layer that gives the path
+    kind: str  # "dir", "file", "link" (symbolic), "hardlink", "other"
+    target: str  # a link's target, else ""
+
+
+def layer_listing(tar_path: Path, diff_id: str, listings_dir: Path) -> list[tuple[str, str, str]]:
+    """[(path, kind, target)] of one layer tar, in the tar's order; from `listings_dir` when known."""
+    kept = listings_dir / f"{hex_of(diff_id)}.json"
+    try:
+        return [tuple(row) for row in json.loads(kept.read_text())]
+    except (OSError, ValueError):
+        pass
+    rows = []
+    with tarfile.open(tar_path, "r:") as tar:  # uncompressed: each member's data is skipped by a seek
+        for member in tar:
+            kind = ("dir" if member.isdir() else "link" if member.issym() else "hardlink" if member.islnk()
+                    else "file" if member.isfile() else "other")
+            target = member.linkname if kind == "link" else _absolute(member.linkname) if kind == "hardlink" else ""
+            rows.append((_absolute(member.name), kind, target))
+    listings_dir.mkdir(parents=True, exist_ok=True)
+    temporary = kept.with_suffix(f".{os.getpid()}.tmp")
+    temporary.write_text(json.dumps(rows))
+    temporary.replace(kept)
+    return rows
+
+
+def _absolute(name: str) -> str:
+    """A tar member's name as the absolute path it has in the image."""
+    return posixpath.normpath("/" + name.removeprefix("./").rstrip("/"))
+
+
+class ImageFiles:
+    """The merged view of an image's layers, bottom first: whiteouts and opaque directories applied."""
+
+    def __init__(self, layers: Sequence[tuple[str, Path]], listings_dir: Path) -> None:
+        self.diff_ids = tuple(diff_id for diff_id, _ in layers)
+        self._tars = dict(layers)
+        self.entries: dict[str, Entry] = {"/": Entry("", "dir", "")}
+        for diff_id, tar_path in layers:
+            self._apply(diff_id, layer_listing(tar_path, diff_id, listings_dir))
+        self._children: dict[str, list[str]] | None = None
+
+    def _apply(self, diff_id: str, rows: list[tuple[str, str, str]]) -> None:
+        for path, _kind, _target in rows:  # what this layer hides in the layers below
+            name, parent = posixpath.basename(path), posixpath.dirname(path)
+            if name == _OPAQUE:
+                self._remove_below(parent)
+            elif name.startswith(_WHITEOUT):
+                removed = posixpath.join(parent, name[len(_WHITEOUT):])
+                self.entries.pop(removed, None)
+                self._remove_below(removed)
+        for path, kind, target in rows:
+            if posixpath.basename(path).startswith(_WHITEOUT):
+                continue
+            below = self.entries.get(path)
+            if below is not None and below.kind == "dir" and kind != "dir":
+                self._remove_below(path)
+            self.entries[path] = Entry(diff_id, kind, target)
+
+    def _remove_below(self, directory: str) -> None:
+        prefix = directory.rstrip("/") + "/"
+        for path in [path for path in self.entries if path.startswith(prefix)]:
+            del self.entries[path]
+
+    def resolve(self, path: str, follow_last: bool = True) -> tuple[str, list[str]]:
+        """The path a lookup of `path` ends on, and each link followed to get there (with its layer)."""
+        links: list[str] = []
+        pending = [part for part in posixpath.normpath("/" + path).split("/") if part]
+        current = "/"
+        hops = 0
+        while pending:
+            part = pending.pop(0)
+            candidate = posixpath.normpath(posixpath.join(current, part))
+            entry = self.entries.get(candidate)
+            if entry is not None and entry.kind == "link" and (pending or follow_last):
+                hops += 1
+                links.append(f"{candidate}->{entry.target}@{entry.layer}")
+                if hops > _MAX_LINKS:
+                    return candidate, links
+                base = "/" if entry.target.startswith("/") else current
+                pending = [p for p in entry.target.split("/") if p] + pending
+                current = base
+                continue
+            current = candidate
+        return current, links
+
+    def identity(self, path: str, follow_last: bool = True) -> str:
+        """What reading `path` gives, as a comparable string: the layer giving it and the links on the way."""
+        final, links = self.resolve(path, follow_last)
+        entry = self.entries.get(final)
+        if entry is not None and entry.kind == "hardlink":
+            entry = Entry(entry.layer, f"hardlink:{entry.target}", "")
+        given = f"{entry.kind}@{entry.layer}" if entry is not None else ABSENT
+        return "|".join([*links, given])
+
+    def listing(self, directory: str) -> str:
+        """The names in a directory, after links, as one digest (ABSENT where it is none)."""
+        final, links = self.resolve(directory)
+        entry = self.entries.get(final)
+        if entry is None or entry.kind != "dir":
+            return "|".join([*links, ABSENT])
+        names = sorted(self._children_of().get(final, ()))
+        return "|".join([*links, hashlib.sha256("\0".join(names).encode()).hexdigest()])
+
+    def _children_of(self) -> dict[str, list[str]]:
+        if self._children is None:
+            self._children = {}
+            for path in self.entries:
+                if path != "/":
+                    self._children.setdefault(posixpath.dirname(path), []).append(posixpath.basename(path))
+        return self._children
+
+    def read_small(self, path: str, limit: int = 1 << 20) -> bytes | None:
+        """A small file's bytes from the layer that gives it (the stack description); None when absent."""
+        final, _ = self.resolve(path)
+        entry = self.entries.get(final)
+        if entry is None or entry.kind != "file":
+            return None
+        with tarfile.open(self._tars[entry.layer], "r:") as tar:
+            for member in tar:
+                if _absolute(member.name) == final and member.isfile():
+                    if member.size > limit:
+                        return None
+                    handle = tar.extractfile(member)
+                    return handle.read() if handle else None
+        return None

@@ -1,0 +1,49 @@
+"""The build's smoke gate with kept results (smoke/keyed_results.py).
+
+Each check runs in a container of its own under the read tracer, all of them at once; a check whose
+kept passing run read nothing that differs in this image is not run, its results stand. `resmoke` runs
+every check. The report lists the checks in the program's order, whichever way each was answered.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import docker
+
+from builder.lock.smoke_report import SmokeReport
+from builder.runtime.smoke import report as smoke_report
+from builder.runtime.smoke.program import CHECKS
+from builder.smoke import smoke_gate
+from builder.smoke.image_files import ImageFiles
+from builder.smoke.keyed_results import KeyedResults, identities, parse_traces, settings_identity
+
+
+@dataclass(frozen=True)
+class GateOutcome:
+    report: SmokeReport
+    reused: Mapping[str, str]  # check -> the image whose run answered it
+    ran: tuple[str, ...]
+
+
+def run(image: str, image_id: str, stack: str, files: ImageFiles, config: Mapping[str, object],
+        kept: KeyedResults, client: docker.DockerClient, labels: dict[str, str], resmoke: bool) -> GateOutcome:
+    settings = settings_identity(config)
+    answered: dict[str, list[smoke_report.Result]] = {}
+    reused: dict[str, str] = {}
+    for check in () if resmoke else CHECKS:
+        hit = kept.reusable(check, files, settings)
+        if hit is not None:
+            answered[check], reused[check] = hit
+    to_run = tuple(check for check in CHECKS if check not in answered)
+    if to_run:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=len(to_run)) as pool:
+            runs = dict(zip(to_run, pool.map(lambda check: smoke_gate.run_traced(image, check, client, labels),
+                                             to_run)))
+        for check, done in runs.items():
+            answered[check] = done.results
+            kept.record(check, image_id, identities(parse_traces(done.traces), files, settings), done.results)
+    results = tuple(result for check in CHECKS for result in answered[check])
+    return GateOutcome(SmokeReport(image, stack, results), reused, to_run)

@@ -1,0 +1,147 @@
+"""Smoke results kept with what each check read: a check runs again only when something it read changed.
+
+A check here is one of the smoke program's groups (`CHECKS` in builder/runtime/smoke/program.py: versions,
+imports, abi, ...), the unit its `--only` runs. Run in its own container under the read tracer
+(smoke/read_tracer), a check leaves its results and its reads; each read is kept with its identity in the
+image it ran on (smoke/image_files.py). In a later image the results stand when every read has the same
+identity there, the image's runtime settings are the same, and every result passed (a failure is always
+looked at again). What the tracer cannot follow (another program, a crash) makes the check read the
+whole image: it then stands only for the same layers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from builder.runtime.smoke import report as smoke_report
+from builder.smoke.image_files import ABSENT, ImageFiles
+
+KEPT_PER_CHECK = 4  # records per check: a change and its revert both stay answered
+_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class Reads:
+    """What one check's processes read: (kind, path) pairs, and whether every process said `end`."""
+
+    entries: frozenset[tuple[str, str]]
+    complete: bool
+
+
+def parse_traces(texts: Iterable[str]) -> Reads:
+    """The tracer's files of one check's processes, merged."""
+    entries: set[tuple[str, str]] = set()
+    complete = True
+    for text in texts:
+        lines = text.splitlines()
+        if not lines or lines[0] != "begin" or lines[-1] != "end":
+            complete = False
+        for line in lines[1:-1] if complete else lines:
+            kind, _, path = line.partition("\t")
+            if path:
+                entries.add((kind, path))
+    return Reads(frozenset(entries), complete)
+
+
+def settings_identity(config: Mapping[str, object]) -> str:
+    """What the image's config gives every process of the check (environment, user, working directory)."""
+    runtime = config.get("config") or {}
+    return hashlib.sha256(json.dumps(runtime, sort_keys=True).encode()).hexdigest()
+
+
+def identities(reads: Reads, files: ImageFiles, settings: str) -> dict[str, str]:
+    """{read: its identity in `files`}; a read the tracer could not follow stands for the whole image."""
+    known = {"settings": settings}
+    if not reads.complete or any(kind == "any" for kind, _ in reads.entries):
+        known["image"] = ",".join(files.diff_ids)
+    fields = _FieldReader(files)
+    for kind, path in sorted(reads.entries):
+        if kind == "read":
+            known[f"read\t{path}"] = files.identity(path)
+        elif kind == "stat":
+            known[f"stat\t{path}"] = files.identity(path, follow_last=False) + "/" + files.identity(path)
+        elif kind == "list":
+            known[f"list\t{path}"] = files.listing(path)
+        elif kind == "field":
+            source, _, field = path.partition("\t")
+            known[f"field\t{path}"] = fields.identity(source, field)
+    return known
+
+
+class _FieldReader:
+    """One top-level field of a JSON file in the image (the stack description), as a digest."""
+
+    def __init__(self, files: ImageFiles) -> None:
+        self.files = files
+        self.documents: dict[str, object] = {}
+
+    def identity(self, source: str, field: str) -> str:
+        if source not in self.documents:
+            data = self.files.read_small(source)
+            try:
+                self.documents[source] = json.loads(data) if data is not None else None
+            except ValueError:
+                self.documents[source] = data.hex() if data is not None else None
+        document = self.documents[source]
+        if not isinstance(document, dict):
+            return self.files.identity(source)
+        if field not in document:
+            return ABSENT
+        return hashlib.sha256(json.dumps(document[field], sort_keys=True).encode()).hexdigest()
+
+
+class KeyedResults:
+    """Records of one stack's checks under `directory`: <check>.json, the newest first."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+
+    def _records(self, check: str) -> list[dict]:
+        try:
+            document = json.loads((self.directory / f"{check}.json").read_text())
+        except (OSError, ValueError):
+            return []
+        if not isinstance(document, dict) or document.get("format") != _FORMAT:
+            return []
+        return [record for record in document.get("records", []) if isinstance(record, dict)]
+
+    def reusable(self, check: str, files: ImageFiles, settings: str) -> tuple[list[smoke_report.Result], str] | None:
+        """The passing results of a run whose reads are all the same in `files`, and its image; else None."""
+        for record in self._records(check):
+            reads = record.get("reads") or {}
+            if not reads or reads.get("settings") != settings:
+                continue
+            if not _same_in(reads, files, settings):
+                continue
+            results = [smoke_report.Result(row["check"], row["status"], row["detail"]) for row in record["results"]]
+            if results and all(result.status != smoke_report.FAIL for result in results):
+                return results, str(record.get("image", ""))
+        return None
+
+    def record(self, check: str, image_id: str, reads: dict[str, str],
+               results: list[smoke_report.Result]) -> None:
+        """Kept only for a run whose every result passed or was skipped."""
+        if any(result.status == smoke_report.FAIL for result in results):
+            return
+        entry = {"image": image_id, "reads": reads,
+                 "results": [{"check": r.check, "status": r.status, "detail": r.detail} for r in results]}
+        records = [entry, *(r for r in self._records(check) if r.get("reads") != reads)][:KEPT_PER_CHECK]
+        self.directory.mkdir(parents=True, exist_ok=True)
+        target = self.directory / f"{check}.json"
+        temporary = target.with_name(f".{check}.{os.getpid()}.tmp")
+        temporary.write_text(json.dumps({"format": _FORMAT, "records": records}, sort_keys=True))
+        temporary.replace(target)
+
+
+def _same_in(reads: Mapping[str, str], files: ImageFiles, settings: str) -> bool:
+    """Whether every read kept in a record has the same identity in `files`."""
+    if "image" in reads and reads["image"] != ",".join(files.diff_ids):
+        return False
+    parsed = Reads(frozenset(tuple(key.split("\t", 1)) for key in reads if "\t" in key), True)
+    now = identities(parsed, files, settings)
+    return all(now.get(key) == value for key, value in reads.items() if key != "image")

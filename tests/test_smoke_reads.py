@@ -1,0 +1,282 @@
+"""Smoke results kept with what each check read: the read tracer, an image's files from its layer tars,
+and when a kept result stands in another image."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from builder.runtime.smoke import report as smoke_report
+from builder.smoke import read_tracer
+from builder.smoke.image_files import ABSENT, ImageFiles
+from builder.smoke.keyed_results import KeyedResults, Reads, identities, parse_traces
+
+REPO = Path(__file__).resolve().parents[1]
+TRACER_DIR = REPO / "builder" / "smoke" / "read_tracer"
+
+
+# -- the tracer, in a process of this interpreter -------------------------------------------------
+
+def traced(tmp_path: Path, code: str) -> Reads:
+    out = tmp_path / f"out-{len(list(tmp_path.glob('out-*')))}"  # each run's records apart
+    out.mkdir()
+    environment = dict(os.environ, BUILDER_READS_OUT=str(out), PYTHONPATH=f"{TRACER_DIR}:{REPO}")
+    subprocess.run([sys.executable, "-c", code], env=environment, check=False, cwd=tmp_path)
+    return parse_traces(path.read_text() for path in sorted(out.iterdir()))
+
+
+def test_the_tracer_records_files_read_listings_stats_and_its_traced_children(tmp_path):
+    (tmp_path / "data.txt").write_text("x")
+    (tmp_path / "written.txt").write_text("")
+    reads = traced(tmp_path, (
+        "import os, subprocess, sys\n"
+        f"open({str(tmp_path / 'data.txt')!r}).read()\n"
+        f"open({str(tmp_path / 'written.txt')!r}, 'w').write('y')\n"
+        f"os.listdir({str(tmp_path)!r}); os.path.exists('/no/such/path')\n"
+        "subprocess.run([sys.executable, '-c', 'open(\"/etc/hostname\").read()'], check=True)\n"))
+    assert reads.complete
+    assert ("read", str(tmp_path / "data.txt")) in reads.entries
+    assert ("read", str(tmp_path / "written.txt")) not in reads.entries  # written, not read
+    assert ("list", str(tmp_path)) in reads.entries
+    assert ("stat", "/no/such/path") in reads.entries
+    assert ("read", "/etc/hostname") in reads.entries  # the child's read
+    assert not any(kind == "any" for kind, _ in reads.entries)
+    # the interpreter and the modules it loaded before the hook went in
+    assert ("read", os.path.realpath(sys.executable)) in reads.entries
+    assert ("read", os.path.abspath(os.__file__)) in reads.entries
+
+
+def test_another_program_or_an_untraced_child_reads_everything(tmp_path):
+    reads = traced(tmp_path, "import subprocess; subprocess.run(['true'])")
+    assert ("any", "true") in reads.entries
+    # a query program whose reads follow from its arguments (the loader's cache, for `ldconfig -p`)
+    ldconfig = shutil.which("ldconfig") or "/sbin/ldconfig"
+    reads = traced(tmp_path, f"import subprocess; subprocess.run([{ldconfig!r}, '-p'], capture_output=True)")
+    assert ("read", "/etc/ld.so.cache") in reads.entries and ("read", ldconfig) in reads.entries
+    assert not any(kind == "any" for kind, _ in reads.entries)
+    reads = traced(tmp_path, f"import subprocess; subprocess.run([{ldconfig!r}, '--version'], capture_output=True)")
+    assert ("any", ldconfig) in reads.entries  # any other use of it is not known to read only that
+    reads = traced(tmp_path, "import subprocess, sys; subprocess.run([sys.executable, '-c', 'pass'], env={})")
+    assert any(kind == "any" for kind, _ in reads.entries)
+
+
+def test_a_process_that_dies_leaves_an_incomplete_record(tmp_path):
+    reads = traced(tmp_path, "import os, signal; os.kill(os.getpid(), signal.SIGKILL)")
+    assert not reads.complete
+
+
+def test_the_stack_description_is_read_by_field(tmp_path):
+    stack = tmp_path / "stack.json"
+    stack.write_text(json.dumps({"schema": 2, "cuda": "13.0.1", "bench": {"input_len": 1}}))
+    reads = traced(tmp_path, f"from builder.runtime import stackinfo\nstackinfo.load({str(stack)!r})['cuda']")
+    fields = {path for kind, path in reads.entries if kind == "field"}
+    assert fields == {f"{stack}\tcuda", f"{stack}\tschema"}
+    assert ("read", str(stack)) not in reads.entries  # its file is not a read of every field
+    reads = traced(tmp_path, f"import json\nfrom builder.runtime import stackinfo\n"
+                             f"json.dumps(stackinfo.load({str(stack)!r}))")
+    assert {path for kind, path in reads.entries if kind == "field"} >= {f"{stack}\tbench"}
+
+
+def test_the_archive_put_into_a_container_holds_the_tracer_and_a_shared_output_directory():
+    with tarfile.open(fileobj=io.BytesIO(read_tracer.archive())) as tar:
+        members = {member.name: member for member in tar}
+    assert members["builder-reads/out"].mode == 0o1777
+    assert members["builder-reads/lib/sitecustomize.py"].size == (TRACER_DIR / "sitecustomize.py").stat().st_size
+    environment = read_tracer.environment("/opt")
+    assert environment["PYTHONPATH"] == f"{read_tracer.LIBRARY}:/opt"
+
+
+# -- an image's files from its layers ----------------------------------------------------------------
+
+def layer(tmp_path: Path, name: str, entries: list[tuple]) -> tuple[str, Path]:
+    """A layer tar of (path, kind[, data or target]) entries; the diff_id is made up from the name."""
+    path = tmp_path / f"{name}.tar"
+    with tarfile.open(path, "w") as tar:
+        for entry in entries:
+            info = tarfile.TarInfo(entry[0])
+            kind = entry[1]
+            if kind == "dir":
+                info.type = tarfile.DIRTYPE
+                tar.addfile(info)
+            elif kind == "link":
+                info.type, info.linkname = tarfile.SYMTYPE, entry[2]
+                tar.addfile(info)
+            else:
+                data = entry[2] if len(entry) > 2 else b""
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    return f"sha256:{name * 64}"[:71], path
+
+
+@pytest.fixture
+def three_layers(tmp_path):
+    base = layer(tmp_path, "a", [("usr", "dir"), ("usr/lib", "dir"), ("usr/lib/libx.so", "file", b"x"),
+                                 ("lib", "link", "usr/lib"), ("opt", "dir"), ("opt/old", "dir"),
+                                 ("opt/old/f", "file"), ("etc", "dir"), ("etc/gone", "file")])
+    middle = layer(tmp_path, "b", [("opt", "dir"), ("opt/old", "dir"), ("opt/old/.wh..wh..opq", "file"),
+                                   ("opt/old/g", "file"), ("etc", "dir"), ("etc/.wh.gone", "file"),
+                                   ("opt/stack.json", "file", json.dumps({"schema": 2, "cuda": "12"}).encode())])
+    top = layer(tmp_path, "c", [("usr", "dir"), ("usr/lib", "dir"), ("usr/lib/liby.so", "file")])
+    return [base, middle, top]
+
+
+def test_the_merged_view_applies_whiteouts_opaque_directories_and_links(tmp_path, three_layers):
+    files = ImageFiles(three_layers, tmp_path / "listings")
+    a, b, c = (diff_id for diff_id, _ in three_layers)
+    assert files.identity("/usr/lib/libx.so") == f"file@{a}"
+    assert files.identity("/lib/libx.so") == f"/lib->usr/lib@{a}|file@{a}"  # the link is part of the read
+    assert files.identity("/opt/old/f") == ABSENT  # hidden by the opaque directory
+    assert files.identity("/opt/old/g") == f"file@{b}"
+    assert files.identity("/etc/gone") == ABSENT
+    assert files.listing("/usr/lib") != files.listing("/opt/old")
+    assert files.listing("/nowhere") == ABSENT
+    assert json.loads(files.read_small("/opt/stack.json")) == {"schema": 2, "cuda": "12"}
+    # the listings are kept by diff_id: the next view reads no tar
+    for _, path in three_layers:
+        path.unlink()
+    again = ImageFiles([(diff_id, tmp_path / "none") for diff_id, _ in three_layers], tmp_path / "listings")
+    assert again.identity("/opt/old/g") == files.identity("/opt/old/g")
+    assert again.listing("/usr/lib") == files.listing("/usr/lib")
+
+
+# -- when a kept result stands ----------------------------------------------------------------------
+
+PASSED = [smoke_report.passed("versions.torch", "torch 2.9.1")]
+
+
+def test_a_kept_result_stands_only_while_its_reads_are_the_same(tmp_path, three_layers):
+    files = ImageFiles(three_layers, tmp_path / "listings")
+    reads = Reads(frozenset({("read", "/lib/libx.so"), ("list", "/usr/lib"),
+                             ("field", "/opt/stack.json\tcuda")}), True)
+    kept = KeyedResults(tmp_path / "kept")
+    kept.record("versions", "sha256:one", identities(reads, files, "settings"), PASSED)
+    assert kept.reusable("versions", files, "settings") == (PASSED, "sha256:one")
+    assert kept.reusable("versions", files, "other settings") is None
+    assert kept.reusable("imports", files, "settings") is None
+
+    # another layer giving a file it read, a name more in a directory it listed, another field value
+    for changed in ([("usr", "dir"), ("usr/lib", "dir"), ("usr/lib/libx.so", "file", b"y")],
+                    [("usr", "dir"), ("usr/lib", "dir"), ("usr/lib/libz.so", "file")],
+                    [("opt", "dir"), ("opt/stack.json", "file", json.dumps({"schema": 2, "cuda": "13"}).encode())]):
+        other = ImageFiles([*three_layers, layer(tmp_path, "d", changed)], tmp_path / f"listings-{len(changed)}")
+        assert kept.reusable("versions", other, "settings") is None, changed
+    # a field it did not read changed, and a file it did not read: the result stands
+    unread = layer(tmp_path, "e", [("opt", "dir"), ("opt/other", "file"), ("opt/stack.json", "file",
+                                   json.dumps({"schema": 2, "cuda": "12", "bench": 1}).encode())])
+    assert kept.reusable("versions", ImageFiles([*three_layers, unread], tmp_path / "le"), "settings") is not None
+
+
+def test_failures_incomplete_traces_and_other_programs_are_never_taken_on_trust(tmp_path, three_layers):
+    files = ImageFiles(three_layers, tmp_path / "listings")
+    kept = KeyedResults(tmp_path / "kept")
+    failing = [smoke_report.failed("abi.cxx11", "mismatch")]
+    kept.record("abi", "sha256:one", identities(Reads(frozenset({("read", "/lib/libx.so")}), True), files, "s"),
+                failing)
+    assert kept.reusable("abi", files, "s") is None
+    # a check that ran another program stands only for the very same layers
+    whole = identities(Reads(frozenset({("any", "nvcc")}), True), files, "s")
+    kept.record("compile", "sha256:one", whole, PASSED)
+    assert kept.reusable("compile", files, "s") is not None
+    unrelated = layer(tmp_path, "f", [("srv", "dir")])
+    assert kept.reusable("compile", ImageFiles([*three_layers, unrelated], tmp_path / "lf"), "s") is None
+    incomplete = identities(Reads(frozenset(), False), files, "s")
+    assert incomplete["image"] == ",".join(files.diff_ids)
+
+
+def test_a_damaged_record_is_no_record(tmp_path, three_layers):
+    files = ImageFiles(three_layers, tmp_path / "listings")
+    kept = KeyedResults(tmp_path / "kept")
+    (tmp_path / "kept").mkdir()
+    (tmp_path / "kept" / "versions.json").write_text("{not json")
+    assert kept.reusable("versions", files, "s") is None
+    kept.record("versions", "sha256:one", {"settings": "s"}, PASSED)
+    assert json.loads((tmp_path / "kept" / "versions.json").read_text())["format"] == 1
+
+
+# -- the gate on a real image the builder wrote -----------------------------------------------------
+
+KEYED_STACK = {"schema": 2, "stack": "smoke-keyed-test", "cuda": "13.0.1", "python": "3.11", "replaces": None,
+               "driver": {"cuda": "13.0.1", "minimum": "580.82.07", "source": "NVIDIA CUDA Toolkit release notes"},
+               "target_arch": ["12.0"], "venv": "/opt/venv", "distributions": {},
+               "patches": [], "serve": {"env": {}, "cache_dir": "/cache", "modes": {}},
+               "bench": {"input_len": 1, "output_len": 1, "num_prompts": 1, "regression_tolerance": 0.05},
+               "overrides": [], "jit_device_code": {}}
+
+
+def _keyed_image(engine, context: Path, tag: str, stack: dict, extra: str) -> str:
+    from engine_helpers import EPOCH, TEST_BASE_TAG, write_context
+
+    from builder.engine.protocol import BuildRequest
+
+    if not (context / "runtime").is_dir():
+        import shutil
+        shutil.copytree(REPO / "builder" / "runtime", context / "runtime", ignore=shutil.ignore_patterns("__pycache__"))
+    write_context(context, (
+        f"FROM {TEST_BASE_TAG}\n"
+        "ARG SOURCE_DATE_EPOCH\n"
+        'RUN ["/bin/sh", "-c", "mkdir -p /opt/venv/bin && ln -s /usr/bin/python3 /opt/venv/bin/python"]\n'
+        "COPY runtime/ /opt/builder/runtime/\n"
+        "COPY stack.json /opt/builder/stack.json\n"
+        "COPY extra.txt /opt/extra.txt\n"
+        "USER 1001:1001\n"), {"stack.json": json.dumps(stack), "extra.txt": extra})
+    return engine.write(BuildRequest(context_dir=context, dockerfile=context / "Dockerfile", tags=(tag,),
+                                     source_date_epoch=EPOCH, build_args={"SOURCE_DATE_EPOCH": str(EPOCH)},
+                                     network="none")).image_id
+
+
+@pytest.mark.engine
+def test_the_gate_runs_a_check_again_only_when_something_it_read_changed(base_image, tmp_path, monkeypatch):
+    """The smoke program in a small image the builder wrote: every check runs once; on the same image none
+    runs; a file nothing read changes none; a field of the stack description runs the checks that read
+    it; --resmoke runs them all. The report is the whole program's every time, in its order."""
+    from builder.engine.buildah import BuildahEngine
+    from builder.runtime.smoke.program import CHECKS
+    from builder.smoke import keyed_gate
+
+    monkeypatch.setenv("BUILDER_CACHE", str(tmp_path / "cache"))
+    engine = BuildahEngine(export_to_docker=False)
+    tag, context = "localhost/smoke-keyed-test:1", tmp_path / "ctx"
+    kept = KeyedResults(tmp_path / "kept")
+
+    def gate(image_id: str, resmoke: bool = False) -> keyed_gate.GateOutcome:
+        files = ImageFiles(engine.layer_tars(tag), tmp_path / "listings")
+        with engine.container_api() as api:
+            return keyed_gate.run(tag, image_id, "smoke-keyed-test", files, engine.inspect(tag).config, kept,
+                                  api.client, {}, resmoke)
+
+    try:
+        first_id = _keyed_image(engine, context, tag, KEYED_STACK, "one")
+        first = gate(first_id)
+        assert first.ran == tuple(CHECKS) and not first.reused
+        checks = [result.check for result in first.report.results]
+        failing = {result.group for result in first.report.results if result.status == smoke_report.FAIL}
+        assert "versions" in failing  # no torch here: a failure is never kept
+        passing = [check for check in CHECKS if check not in failing]
+        assert "patches" in passing and "gpu" in passing
+
+        again = gate(first_id)
+        assert sorted(again.reused) == sorted(passing) and set(again.ran) == failing
+        assert [result.check for result in again.report.results] == checks
+        assert again.report.results == first.report.results
+
+        unread_id = _keyed_image(engine, context, tag, KEYED_STACK, "two")  # /opt/extra.txt: nobody reads it
+        assert unread_id != first_id
+        assert sorted(gate(unread_id).reused) == sorted(passing)
+
+        # target_arch is read by the arch, compile and gpu checks; the patches check reads only `patches`
+        field_id = _keyed_image(engine, context, tag, dict(KEYED_STACK, target_arch=["9.0"]), "two")
+        by_field = gate(field_id)
+        assert "patches" in by_field.reused and "gpu" not in by_field.reused and "arch" not in by_field.reused
+        assert {result.check for result in by_field.report.results} == set(checks)
+
+        assert gate(field_id, resmoke=True).ran == tuple(CHECKS)
+    finally:
+        engine.remove(tag)
