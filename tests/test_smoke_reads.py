@@ -75,14 +75,22 @@ def test_a_process_that_dies_leaves_an_incomplete_record(tmp_path):
 
 def test_the_stack_description_is_read_by_field(tmp_path):
     stack = tmp_path / "stack.json"
-    stack.write_text(json.dumps({"schema": 2, "cuda": "13.0.1", "bench": {"input_len": 1}}))
-    reads = traced(tmp_path, f"from builder.runtime import stackinfo\nstackinfo.load({str(stack)!r})['cuda']")
-    fields = {path for kind, path in reads.entries if kind == "field"}
-    assert fields == {f"{stack}\tcuda", f"{stack}\tschema"}
-    assert ("read", str(stack)) not in reads.entries  # its file is not a read of every field
-    reads = traced(tmp_path, f"import json\nfrom builder.runtime import stackinfo\n"
-                             f"json.dumps(stackinfo.load({str(stack)!r}))")
-    assert {path for kind, path in reads.entries if kind == "field"} >= {f"{stack}\tbench"}
+    stack.write_text(json.dumps({"schema": 2, "cuda": "13.0.1", "bench": {"input_len": 1}, "target_arch": ["12.0"],
+                                 "patches": [{"files": ["a.py"], "sha256": "1"}, {"files": ["b.py"], "sha256": "2"}]}))
+
+    def fields(code: str) -> set[str]:
+        reads = traced(tmp_path, f"import json\nfrom builder.runtime import stackinfo\n"
+                                 f"info = stackinfo.load({str(stack)!r})\n{code}")
+        assert ("read", str(stack)) not in reads.entries  # its file is not a read of every field
+        return {path.split("\t", 1)[1] for kind, path in reads.entries if kind == "field"}
+
+    assert fields("info['cuda']") == {'["schema"]', '["cuda"]'}
+    # the patch series: its length and the files of each patch, not their hashes
+    assert fields("[p['files'] for p in info['patches']]") == {
+        '["schema"]', '["patches", "#length"]', '["patches", 0, "files"]', '["patches", 1, "files"]'}
+    assert '["target_arch"]' in fields("len(info['target_arch'])")
+    everything = fields("json.dumps(info)")
+    assert {'["#keys"]', '["bench", "input_len"]', '["patches", 1, "sha256"]', '["target_arch"]'} <= everything
 
 
 def test_the_archive_put_into_a_container_holds_the_tracer_and_a_shared_output_directory():
@@ -155,7 +163,7 @@ PASSED = [smoke_report.passed("versions.torch", "torch 2.9.1")]
 def test_a_kept_result_stands_only_while_its_reads_are_the_same(tmp_path, three_layers):
     files = ImageFiles(three_layers, tmp_path / "listings")
     reads = Reads(frozenset({("read", "/lib/libx.so"), ("list", "/usr/lib"),
-                             ("field", "/opt/stack.json\tcuda")}), True)
+                             ("field", '/opt/stack.json\t["cuda"]')}), True)
     kept = KeyedResults(tmp_path / "kept")
     kept.record("versions", "sha256:one", identities(reads, files, "settings"), PASSED)
     assert kept.reusable("versions", files, "settings") == (PASSED, "sha256:one")
@@ -280,3 +288,20 @@ def test_the_gate_runs_a_check_again_only_when_something_it_read_changed(base_im
         assert gate(field_id, resmoke=True).ran == tuple(CHECKS)
     finally:
         engine.remove(tag)
+
+
+def test_a_part_of_the_stack_description_is_told_by_its_value(tmp_path):
+    def image(name: str, patches: list) -> ImageFiles:
+        document = json.dumps({"schema": 2, "patches": patches}).encode()
+        return ImageFiles([layer(tmp_path, name, [("opt", "dir"), ("opt/stack.json", "file", document)])],
+                          tmp_path / f"listings-{name}")
+
+    read_files = Reads(frozenset({("field", '/opt/stack.json\t["patches", "#length"]'),
+                                  ("field", '/opt/stack.json\t["patches", 0, "files"]')}), True)
+    kept = KeyedResults(tmp_path / "kept")
+    kept.record("imports", "sha256:one", identities(read_files, image("a", [{"files": ["a.py"], "sha256": "1"}]), "s"),
+                PASSED)
+    assert kept.reusable("imports", image("b", [{"files": ["a.py"], "sha256": "2"}]), "s") is not None
+    assert kept.reusable("imports", image("c", [{"files": ["b.py"], "sha256": "1"}]), "s") is None
+    assert kept.reusable("imports", image("d", [{"files": ["a.py"], "sha256": "1"}, {"files": []}]), "s") is None
+    assert kept.reusable("imports", image("e", []), "s") is None

@@ -74,7 +74,8 @@ def identities(reads: Reads, files: ImageFiles, settings: str) -> dict[str, str]
 
 
 class _FieldReader:
-    """One top-level field of a JSON file in the image (the stack description), as a digest."""
+    """A part of a JSON file in the image (the stack description), as a digest: the tracer names it by
+    its keys and indexes, "#length" for a list's length and "#keys" for a mapping's names."""
 
     def __init__(self, files: ImageFiles) -> None:
         self.files = files
@@ -86,13 +87,27 @@ class _FieldReader:
             try:
                 self.documents[source] = json.loads(data) if data is not None else None
             except ValueError:
-                self.documents[source] = data.hex() if data is not None else None
+                self.documents[source] = None
         document = self.documents[source]
-        if not isinstance(document, dict):
+        try:
+            path = json.loads(field)
+        except ValueError:
+            path = None
+        if not isinstance(document, dict) or not isinstance(path, list):
             return self.files.identity(source)
-        if field not in document:
-            return ABSENT
-        return hashlib.sha256(json.dumps(document[field], sort_keys=True).encode()).hexdigest()
+        value: object = document
+        for part in path:
+            if part == "#length" and isinstance(value, list):
+                value = len(value)
+            elif part == "#keys" and isinstance(value, dict):
+                value = sorted(value)
+            elif isinstance(value, dict) and isinstance(part, str) and part in value:
+                value = value[part]
+            elif isinstance(value, list) and isinstance(part, int) and 0 <= part < len(value):
+                value = value[part]
+            else:
+                return ABSENT
+        return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()
 
 
 class KeyedResults:

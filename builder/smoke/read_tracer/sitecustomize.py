@@ -8,7 +8,8 @@ timeout, os._exit) tells the host the record is incomplete. Kinds:
   read    a file opened for reading (the audit hook's `open`; modules, their bytecode, mapped libraries)
   list    a directory listed (os.listdir, os.scandir: glob, walk and the import system use these)
   stat    a path whose existence or metadata was asked (os.stat, lstat, access, readlink)
-  field   a top-level field of the stack description ("<path>\\t<field>"), read through stackinfo.load
+  field   a part of the stack description read through stackinfo.load: "<file>\\t<JSON list of keys and
+          indexes>"; "#length" stands for a list's length, "#keys" for a mapping's names
   any     something the host cannot follow: a program that is not this interpreter, a child without
           this tracer, a fork; the check then reads the whole image
 """
@@ -16,6 +17,7 @@ timeout, os._exit) tells the host the record is incomplete. Kinds:
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import secrets
 import sys
@@ -133,30 +135,47 @@ def _stat_recorder(function):
     return recorded
 
 
+def _field(source: str, path: tuple) -> None:
+    _reads.add(("field", f"{source}\t{json.dumps(list(path))}"))
+
+
+def _traced(value: object, source: str, path: tuple) -> object:
+    """A container of the description as one telling which of its parts were read; a scalar as it is."""
+    if isinstance(value, dict):
+        return _FieldDict(value, source, path)
+    if isinstance(value, list) and value and all(isinstance(item, (dict, list)) for item in value):
+        return _FieldList(value, source, path)
+    return value  # a scalar, or a list of them, read whole: the JSON encoder reads list items directly
+
+
 class _FieldDict(dict):
-    """The stack description, telling which of its top-level fields were read."""
+    """A mapping of the stack description, telling which of its fields were read (a field holding a
+    mapping or a list of them tells it of its own parts)."""
 
-    def __init__(self, data: dict, source: str) -> None:
-        super().__init__(data)
-        self._source = source
+    def __init__(self, data: dict, source: str, path: tuple = ()) -> None:
+        super().__init__((key, _traced(value, source, (*path, key))) for key, value in data.items())
+        self._source, self._path = source, path
 
-    def _field(self, key: object) -> None:
-        _reads.add(("field", f"{self._source}\t{key}"))
+    def _read(self, key: object) -> None:
+        value = dict.get(self, key)
+        if not isinstance(value, (_FieldDict, _FieldList)):
+            _field(self._source, (*self._path, key))
 
     def _all(self) -> None:
+        _field(self._source, (*self._path, "#keys"))
         for key in dict.keys(self):
-            self._field(key)
+            self._read(key)
 
     def __getitem__(self, key):
-        self._field(key)
+        self._read(key)
         return dict.__getitem__(self, key)
 
     def get(self, key, default=None):
-        self._field(key)
+        self._read(key)
         return dict.get(self, key, default)
 
     def __contains__(self, key):
-        self._field(key)
+        self._read(key)
         return dict.__contains__(self, key)
 
     def __iter__(self):
@@ -194,6 +213,39 @@ class _FieldDict(dict):
         return (dict, (dict(dict.items(self)),))
 
 
+class _FieldList(list):
+    """A list of mappings (the patch series): its length is a read, and each item tells its own."""
+
+    def __init__(self, data: list, source: str, path: tuple) -> None:
+        super().__init__(_traced(item, source, (*path, index)) for index, item in enumerate(data))
+        self._source, self._path = source, path
+
+    def _length(self) -> None:
+        _field(self._source, (*self._path, "#length"))
+
+    def __getitem__(self, index):
+        self._length()
+        return list.__getitem__(self, index)
+
+    def __iter__(self):
+        self._length()
+        return list.__iter__(self)
+
+    def __len__(self):
+        self._length()
+        return list.__len__(self)
+
+    def __eq__(self, other):
+        _field(self._source, self._path)
+        return list.__eq__(self, other)
+
+    __hash__ = None
+
+    def __reduce__(self):
+        _field(self._source, self._path)
+        return (list, (list(list.__iter__(self)),))
+
+
 def _trace_stack_description() -> None:
     """stackinfo.load hands out a _FieldDict: the description's fields are the reads, not its file."""
     try:
@@ -209,9 +261,8 @@ def _trace_stack_description() -> None:
             info = load(path)
         finally:
             _local.quiet = False
-        traced = _FieldDict(info, source)
-        traced._field("schema")  # load checked it
-        return traced
+        _field(source, ("schema",))  # load checked it
+        return _FieldDict(info, source)
 
     stackinfo.load = traced_load
 
