@@ -118,9 +118,16 @@ class ImageFiles:
         """What reading `path` gives, as a comparable string: the layer giving it and the links on the way."""
         final, links = self.resolve(path, follow_last)
         entry = self.entries.get(final)
-        if entry is not None and entry.kind == "hardlink":
-            entry = Entry(entry.layer, f"hardlink:{entry.target}", "")
-        given = f"{entry.kind}@{entry.layer}" if entry is not None else ABSENT
+        if entry is None:
+            given = ABSENT
+        elif entry.kind == "dir":
+            # Every layer that changes something below a directory carries its entry again: what a
+            # directory gives is its names (listing), not the layer that last carried it.
+            given = "dir"
+        elif entry.kind == "hardlink":
+            given = f"hardlink:{entry.target}@{entry.layer}"
+        else:
+            given = f"{entry.kind}@{entry.layer}"
         return "|".join([*links, given])
 
     def listing(self, directory: str) -> str:

@@ -1,6 +1,6 @@
 """The build's smoke gate with kept results (smoke/keyed_results.py).
 
-Each check runs in a container of its own under the read tracer, one per core at a time; a check whose
+Each check runs in a container of its own under the read tracer, all of them at once; a check whose
 kept passing run read nothing that differs in this image is not run, its results stand. `resmoke` runs
 every check. The report lists the checks in the program's order, whichever way each was answered.
 """
@@ -8,7 +8,6 @@ every check. The report lists the checks in the program's order, whichever way e
 from __future__ import annotations
 
 import concurrent.futures
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -40,8 +39,8 @@ def run(image: str, image_id: str, stack: str, files: ImageFiles, config: Mappin
             answered[check], reused[check] = hit
     to_run = tuple(check for check in CHECKS if check not in answered)
     if to_run:
-        # As many at once as the program runs its checks itself (env.side_by_side): one per core.
-        with concurrent.futures.ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 1)) as pool:
+        # All at once: the longest (compile's JIT build) starts first instead of after two others.
+        with concurrent.futures.ThreadPoolExecutor(max_workers=len(to_run)) as pool:
             runs = dict(zip(to_run, pool.map(lambda check: smoke_gate.run_traced(image, check, client, labels),
                                              to_run)))
         for check, done in runs.items():

@@ -39,7 +39,8 @@ def _record(kind: str, path: object) -> None:
         text = os.fsdecode(os.fspath(path))
     except TypeError:
         return
-    _reads.add((kind, os.path.abspath(text)))
+    # The host normalises; a relative path is made absolute here, where the working directory is known.
+    _reads.add((kind, text if text.startswith("/") else os.path.abspath(text)))
 
 
 def _opens_for_reading(mode: object, flags: object) -> bool:
