@@ -53,3 +53,8 @@ def holds(path: Path, sha256: str, size: int | None = None) -> bool:
     print(f"builder: cache: {path.name} did not hash to its sha256 {sha256[:16]}...; removed, it is fetched again",
           file=sys.stderr)
     return False
+
+
+def first_pins(pins: list[str], most: int = 8) -> str:
+    """The first `most` of what a cache lacks, for a one-line error: "a, b, c, ..."."""
+    return ", ".join(pins[:most]) + (", ..." if len(pins) > most else "")

@@ -64,7 +64,7 @@ class DebCache:
         """--offline: every .deb must already be here; one line naming what is not."""
         absent = self.missing(locked)
         if absent:
-            names = ", ".join(p.pin for p in absent[:8]) + (", ..." if len(absent) > 8 else "")
+            names = content_check.first_pins([p.pin for p in absent])
             raise UserError(f"{what}: offline, and the .deb cache {self.root} lacks {len(absent)} of "
                             f"{len(locked.packages)} locked packages ({names}): run `builder fetch` where the "
                             f"archive is reachable and bring the cache")

@@ -92,7 +92,7 @@ class WheelCache:
         """--offline: every wheel must already be here; one line naming what is not."""
         absent = self.missing(wheels)
         if absent:
-            names = ", ".join(wheel.pin for wheel in absent[:8]) + (", ..." if len(absent) > 8 else "")
+            names = content_check.first_pins([wheel.pin for wheel in absent])
             raise UserError(f"{what}: offline, and the wheel cache {self.root} lacks {len(absent)} of "
                             f"{len(wheels)} locked wheels ({names}): run `builder fetch` where the indexes "
                             f"are reachable and bring the cache")
