@@ -11,7 +11,8 @@ machine does, and a build that needs more than the cap fails as it would on a ru
   cold          empty storage, empty wheel cache: `builder build --local-base --stack S` as the README runs it
   noop          the same build again, nothing changed
   patch_change  one line added to the last patch file's header, then the build again (smoke checks included;
-                none kept yet on this host, so every check runs, traced)
+                none kept yet on this host: the runs committed beside the build report answer every check
+                that read nothing the change touched, as on a user's fresh clone)
   patch_change_again  another line instead, right after: the edit loop, where the checks that read
                 nothing the change touched are answered by the kept results (docs/smoke.md)
 

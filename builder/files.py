@@ -17,14 +17,15 @@ from typing import IO
 TEMP_SUFFIX = ".tmp"
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Replace `path` with `text` so a reader sees the old file or the new one, never a torn one."""
+def write_atomic(path: Path, text: str | bytes) -> None:
+    """Replace `path` with `text` (or bytes) so a reader sees the old file or the new one, never a torn one."""
     path = Path(path)
+    data = text.encode("utf-8") if isinstance(text, str) else text
     descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TEMP_SUFFIX, dir=path.parent)
     try:
         os.fchmod(descriptor, _mode_for(path))  # mkstemp makes 0600; keep the file's own mode
-        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
-            handle.write(text)
+        with os.fdopen(descriptor, "wb") as handle:
+            handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(temporary, path)

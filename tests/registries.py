@@ -54,8 +54,10 @@ class Registry:
     against an htpasswd file, or token auth (Bearer) with tokens from a TokenIssuer. `start` runs it
     as a process; tests/compose/registry.yaml runs it as a compose service from `config`."""
 
-    def __init__(self, root: Path, port: int, htpasswd: Path | None = None, token: "TokenIssuer | None" = None):
+    def __init__(self, root: Path, port: int, htpasswd: Path | None = None, token: "TokenIssuer | None" = None,
+                 log_level: str = "error"):
         self.root, self.port, self.process, self.htpasswd, self.token = root, port, None, htpasswd, token
+        self.log_level = log_level  # "info" logs every request answered, for the tests that count them
         self.host = f"127.0.0.1:{port}"
 
     def config(self, seen_as: Path | None = None) -> str:
@@ -71,7 +73,7 @@ class Registry:
             auth = (f"auth:\n  token:\n    realm: {self.token.realm}\n    service: {self.token.service}\n"
                     f"    issuer: {self.token.issuer}\n    rootcertbundle: {path(self.token.certificate)}\n")
         return ("version: 0.1\n"
-                "log:\n  level: error\n"
+                f"log:\n  level: {self.log_level}\n"
                 f"storage:\n  filesystem:\n    rootdirectory: {path(self.root / 'data')}\n  delete:\n    enabled: true\n"
                 f"http:\n  addr: {'0.0.0.0:5000' if seen_as else self.host}\n"
                 + auth)

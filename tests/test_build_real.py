@@ -146,6 +146,28 @@ def test_no_op_rebuild_after_the_test_suite_reuses_every_layer_and_keeps_the_ima
     assert docker.from_env().images.get(report["tags"][0]).id == report["image_id"]
 
 
+def test_the_run_that_answered_each_check_is_committed_for_a_clone(built, tmp_path):
+    """`--resmoke` ran every check; the file written beside the report answers each of them for this very
+    image on a host that kept nothing, with the results the report holds."""
+    from builder.paths import cache_root
+    from builder.runtime.smoke.program import CHECKS
+    from builder.smoke import keyed_results
+    from builder.smoke.image_files import ImageFiles
+
+    _, report = built
+    committed = keyed_results.committed_path(REPO / "build-reports", STACK.name)
+    engine = BuildahEngine(export_to_docker=False)
+    files = ImageFiles(engine.layer_tars(report["image_id"]), cache_root() / "layer-listings")
+    settings = keyed_results.settings_identity(engine.inspect(report["image_id"]).config)
+    clone_host = keyed_results.KeyedResults(tmp_path / "nothing-kept", committed)
+    answered = []
+    for check in CHECKS:
+        record = clone_host.reusable(check, files, settings)
+        assert record is not None and record["image"] == report["image_id"], check
+        answered += [[r.check, r.status] for r in keyed_results.results_of(record)]
+    assert answered == [[row["check"], row["status"]] for row in report["smoke"]["results"]]
+
+
 def test_a_default_build_needs_no_docker_daemon_and_smoke_tests_where_buildah_built(built, builder_env, tmp_path):
     """No second copy: with no Docker daemon to reach, the build (its smoke checks run again, through
     podman's API over buildah's storage) passes and tags the same image, and leaves no container."""

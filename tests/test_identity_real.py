@@ -125,7 +125,7 @@ def test_after_a_build_whose_input_changed_the_renders_and_the_lock_are_current(
         changed = git("status", "--porcelain", "--untracked-files=no", cwd=checkout).splitlines()
         assert sorted(line[3:] for line in changed) == sorted([
             "builder/runtime/driver.py", "matrix.lock", f"build-reports/{STACK}.json",
-            f"build-reports/{STACK}.cdx.json"])
+            f"build-reports/{STACK}.cdx.json", f"build-reports/{STACK}.smoke-reads.json.gz"])
         image = store.entry(STACK, checkout / "matrix.lock").outcome.image
         made.append(image.immutable_tag)
         assert image.image_id == new_id

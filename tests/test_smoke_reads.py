@@ -17,7 +17,8 @@ import pytest
 from builder.runtime.smoke import report as smoke_report
 from builder.smoke import read_tracer
 from builder.smoke.image_files import ABSENT, ImageFiles
-from builder.smoke.keyed_results import KeyedResults, Reads, identities, parse_traces
+from builder.smoke import keyed_results
+from builder.smoke.keyed_results import KeyedResults, Reads, identities, parse_traces, results_of
 
 REPO = Path(__file__).resolve().parents[1]
 TRACER_DIR = REPO / "builder" / "smoke" / "read_tracer"
@@ -167,7 +168,8 @@ def test_a_kept_result_stands_only_while_its_reads_are_the_same(tmp_path, three_
                              ("field", '/opt/stack.json\t["cuda"]')}), True)
     kept = KeyedResults(tmp_path / "kept")
     kept.record("versions", "sha256:one", identities(reads, files, "settings"), PASSED)
-    assert kept.reusable("versions", files, "settings") == (PASSED, "sha256:one")
+    hit = kept.reusable("versions", files, "settings")
+    assert results_of(hit) == PASSED and hit["image"] == "sha256:one"
     assert kept.reusable("versions", files, "other settings") is None
     assert kept.reusable("imports", files, "settings") is None
 
@@ -208,6 +210,56 @@ def test_a_damaged_record_is_no_record(tmp_path, three_layers):
     assert kept.reusable("versions", files, "s") is None
     kept.record("versions", "sha256:one", {"settings": "s"}, PASSED)
     assert json.loads((tmp_path / "kept" / "versions.json").read_text())["format"] == 1
+
+
+def test_what_the_checks_own_run_made_or_the_kernel_serves_is_no_read(tmp_path, three_layers):
+    """A temporary file's random name or /proc/<pid> would make every run's record differ."""
+    files = ImageFiles(three_layers, tmp_path / "listings")
+    reads = Reads(frozenset({("read", "/tmp/tmpk2j1x9/a.so"), ("stat", "/tmp/tmpk2j1x9"), ("read", "/proc/17/maps"),
+                             ("list", "/proc/self/fd"), ("read", "/dev/null"), ("stat", "/run/.containerenv"),
+                             ("read", "/usr/lib/libx.so"), ("list", "/tmp")}), True)
+    known = identities(reads, files, "s")
+    assert set(known) == {"settings", "read\t/usr/lib/libx.so", "list\t/tmp"}
+    # a scratch path the image itself holds is the image's: a read like any other
+    holding = ImageFiles([*three_layers, layer(tmp_path, "g", [("tmp", "dir"), ("tmp/seed", "file", b"1")])],
+                         tmp_path / "listings-g")
+    assert "read\t/tmp/seed" in identities(Reads(frozenset({("read", "/tmp/seed")}), True), holding, "s")
+
+
+def test_committed_runs_answer_a_host_that_kept_none_and_the_hosts_own_come_first(tmp_path, three_layers):
+    files = ImageFiles(three_layers, tmp_path / "listings")
+    reads = Reads(frozenset({("read", "/lib/libx.so"), ("list", "/usr/lib")}), True)
+    built_here = KeyedResults(tmp_path / "builder-host")
+    answers = {"versions": built_here.record("versions", "sha256:one", identities(reads, files, "s"), PASSED),
+               "abi": built_here.record("abi", "sha256:one", identities(reads, files, "s"), PASSED)}
+    committed = keyed_results.committed_path(tmp_path / "reports", "row")
+    committed.parent.mkdir()
+    keyed_results.write_committed(committed, answers)
+    first = committed.read_bytes()
+    keyed_results.write_committed(committed, dict(reversed(list(answers.items()))))
+    assert committed.read_bytes() == first  # the same answers, the same bytes
+
+    clone = KeyedResults(tmp_path / "fresh-host", committed)
+    assert results_of(clone.reusable("versions", files, "s")) == PASSED
+    assert clone.reusable("imports", files, "s") is None
+    changed = ImageFiles([*three_layers, layer(tmp_path, "h", [("usr", "dir"), ("usr/lib", "dir"),
+                                                               ("usr/lib/libx.so", "file", b"y")])], tmp_path / "lh")
+    assert clone.reusable("versions", changed, "s") is None
+    # the host's own run first; recording keeps the committed one out of the host's file
+    clone.record("versions", "sha256:two", identities(reads, changed, "s"), PASSED)
+    assert clone.reusable("versions", changed, "s")["image"] == "sha256:two"
+    assert clone.reusable("versions", files, "s")["image"] == "sha256:one"
+    own = json.loads((tmp_path / "fresh-host" / "versions.json").read_text())["records"]
+    assert [record["image"] for record in own] == ["sha256:two"]
+
+
+def test_a_damaged_or_uncompressed_committed_file_answers_nothing(tmp_path, three_layers):
+    files = ImageFiles(three_layers, tmp_path / "listings")
+    committed = tmp_path / "row.smoke-reads.json.gz"
+    for content in (b"\x1f\x8b\x08broken", json.dumps({"format": 1, "checks": {}}).encode(), b""):
+        committed.write_bytes(content)
+        assert KeyedResults(tmp_path / "kept", committed).reusable("versions", files, "s") is None
+    assert KeyedResults(tmp_path / "kept", tmp_path / "absent.gz").reusable("versions", files, "s") is None
 
 
 # -- the gate on a real image the builder wrote -----------------------------------------------------
@@ -255,10 +307,10 @@ def test_the_gate_runs_a_check_again_only_when_something_it_read_changed(base_im
     tag, context = "localhost/smoke-keyed-test:1", tmp_path / "ctx"
     kept = KeyedResults(tmp_path / "kept")
 
-    def gate(image_id: str, resmoke: bool = False) -> keyed_gate.GateOutcome:
+    def gate(image_id: str, resmoke: bool = False, records: KeyedResults = kept) -> keyed_gate.GateOutcome:
         files = ImageFiles(engine.layer_tars(tag), tmp_path / "listings")
         with engine.container_api() as api:
-            return keyed_gate.run(tag, image_id, "smoke-keyed-test", files, engine.inspect(tag).config, kept,
+            return keyed_gate.run(tag, image_id, "smoke-keyed-test", files, engine.inspect(tag).config, records,
                                   api.client, {}, resmoke)
 
     try:
@@ -275,6 +327,12 @@ def test_the_gate_runs_a_check_again_only_when_something_it_read_changed(base_im
         assert sorted(again.reused) == sorted(passing) and set(again.ran) == failing
         assert [result.check for result in again.report.results] == checks
         assert again.report.results == first.report.results
+
+        # a clone with nothing kept, answered by the committed runs
+        committed = tmp_path / "smoke-keyed-test.smoke-reads.json.gz"
+        keyed_results.write_committed(committed, {check: again.answers[check] for check in passing})
+        clone = gate(first_id, records=KeyedResults(tmp_path / "clone-host", committed))
+        assert sorted(clone.reused) == sorted(passing) and set(clone.ran) == failing
 
         unread_id = _keyed_image(engine, context, tag, KEYED_STACK, "two")  # /opt/extra.txt: nobody reads it
         assert unread_id != first_id

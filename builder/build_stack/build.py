@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -32,7 +33,7 @@ from builder.lock.smoke_report import SmokeReport
 from builder.lock.system_packages import SystemPackages
 from builder.paths import DEBS_CONTEXT_DIR, WHEELS_CONTEXT_DIR, Project, cache_root, project_relative
 from builder.render import render
-from builder.smoke import keyed_gate, smoke_gate, smoke_host
+from builder.smoke import keyed_gate, keyed_results, smoke_gate, smoke_host
 from builder.smoke.image_files import ImageFiles
 from builder.smoke.keyed_results import KeyedResults
 
@@ -157,28 +158,36 @@ def recorded_smoke(entry: LockEntry, image_id: str) -> SmokeReport | None:
     return None
 
 
+@dataclass(frozen=True)
+class SmokeAnswer:
+    report: SmokeReport
+    answers: Mapping[str, Mapping[str, object]] | None  # the keyed gate's runs, for the committed file
+
+
 def _smoke(stack: Stack, entry: LockEntry, image_id: str, candidate: str, resmoke: bool, progress: Progress,
-           durations: dict, host: smoke_host.SmokeHost, engine: Engine) -> SmokeReport:
+           durations: dict, host: smoke_host.SmokeHost, engine: Engine, committed: Path) -> SmokeAnswer:
     """The checks run in the candidate, unless the lock holds a pass for this very image id: the id is
     the image's content, so running them again could only repeat that answer (--resmoke does anyway).
     Where the engine keeps the layers' tars, each check runs only when something it read before changed
-    (smoke/keyed_gate.py); elsewhere all of them run."""
+    (smoke/keyed_gate.py), answered first by this host's runs, then by the committed ones; elsewhere all
+    of them run."""
     known = None if resmoke else recorded_smoke(entry, image_id)
     if known is not None:
         progress.stage(f"{stack.name}: smoke checks passed before for {image_id} (matrix.lock); --resmoke runs them")
         durations["smoke"] = 0.0
-        return known
+        return SmokeAnswer(known, None)
     progress.stage(f"{stack.name}: smoke checks in {candidate}")
     started = time.monotonic()
     layers = engine.layer_tars(image_id)
+    answers = None
     if layers is None:
         report = smoke_gate.run_in_image(candidate, client=host.client, labels=host.labels())
     else:
         files = ImageFiles(layers, cache_root() / "layer-listings")
         outcome = keyed_gate.run(candidate, image_id, stack.name, files, engine.inspect(image_id).config,
-                                 KeyedResults(cache_root() / "smoke-reads" / stack.name), host.client,
+                                 KeyedResults(cache_root() / "smoke-reads" / stack.name, committed), host.client,
                                  host.labels(), resmoke)
-        report = outcome.report
+        report, answers = outcome.report, outcome.answers
         if outcome.reused:
             progress.stage(f"{stack.name}: smoke checks answered by an earlier run, nothing they read having "
                            f"changed: {', '.join(outcome.reused)}; run: {', '.join(outcome.ran) or 'none'}")
@@ -186,7 +195,7 @@ def _smoke(stack: Stack, entry: LockEntry, image_id: str, candidate: str, resmok
     progress.block(report.table())
     # Recorded under the image id: the candidate tag names this run's process, so a record keeping it
     # would change with every run of the same image.
-    return replace(report, image=image_id)
+    return SmokeAnswer(replace(report, image=image_id), answers)
 
 
 def build_stack(stack: Stack, engine: Engine, progress: Progress, project: Project, no_cache: bool = False,
@@ -213,6 +222,7 @@ def _build_stack(stack: Stack, engine: Engine, progress: Progress, project: Proj
     candidate = tags.candidate_tag(stack, inputs.hash) + host.owner.tag_suffix()
     immutable_tag, moving = tags.immutable_tag(stack, inputs.hash), tags.moving_tag(stack)
     report_path = project.reports / f"{stack.name}.json"
+    committed_reads = keyed_results.committed_path(project.reports, stack.name)
     started_on, started = datetime.now(timezone.utc), time.monotonic()
     fetched = fetch_wheels(stack, resolution, cache, offline, progress)
     fetched_debs = fetch_debs(stack, resolution, deb_cache.DebCache(), offline, progress)
@@ -225,8 +235,9 @@ def _build_stack(stack: Stack, engine: Engine, progress: Progress, project: Proj
     try:
         for store in (engine, loader) if loader else (engine,):
             immutable.check(store, immutable_tag, result.image_id, result.identity, entry.outcome.image)
-        smoke_result = _smoke(stack, entry, result.image_id, candidate, resmoke, progress, durations, host,
-                              engine)
+        smoked = _smoke(stack, entry, result.image_id, candidate, resmoke, progress, durations, host, engine,
+                        committed_reads)
+        smoke_result = smoked.report
         if not smoke_result.passed:
             records.record_smoke(stack.name, smoke_result, image_id=result.image_id, path=lock_path)
             raise BuildFailure(f"{stack.name}: smoke checks failed; {immutable_tag} not tagged")
@@ -241,6 +252,8 @@ def _build_stack(stack: Stack, engine: Engine, progress: Progress, project: Proj
         durations["deliver_to_docker"] = round(time.monotonic() - loaded, 1)
     write_report(report_path, stack, inputs, result, engine.inspect(result.image_id).config, smoke_result,
                  [immutable_tag, moving])
+    if smoked.answers is not None:
+        keyed_results.write_committed(committed_reads, smoked.answers)
     sbom_path = sbom.write_bom(sbom.sbom_path(report_path), stack.name, result.image_id, resolution,
                                client=host.client, reuse=not resmoke)
     durations["total"] = round(time.monotonic() - started, 1)

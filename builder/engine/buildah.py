@@ -23,7 +23,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
-from builder.engine import canonical_export, chrooted, delivery, podman_service, write_once
+from builder.engine import canonical_export, chrooted, delivery, layout_push, podman_service, write_once
 from builder.engine.identity import EngineIdentity
 from builder.engine.process import run_quiet, run_streaming
 from builder.engine.protocol import (
@@ -486,6 +486,15 @@ class BuildahEngine:
     # -- capabilities (engine/protocol.py) --------------------------------------------------------
 
     def push_to_registry(self, image_id: str, destination: str, tls_verify: bool, auth_file: Path) -> str:
+        """From the write-once layout when it holds the image (engine/layout_push.py), else from the storage."""
+        root = self._write_once_root()
+        if (root / "layout").is_dir():
+            # Under the build lock: a build sweeps the scratch directory, where the push's view lies.
+            with write_once.exclusive(root):
+                held = layout_push.held_image(Layout(root / "layout"), image_id)
+                if held is not None:
+                    return layout_push.push(Layout(root / "layout"), write_once.scratch_dir(root), held,
+                                            destination, tls_verify, auth_file)
         with tempfile.TemporaryDirectory(prefix="builder-push-") as scratch:
             digest_file = Path(scratch) / "digest"
             run_quiet(self._global_args() + [

@@ -423,6 +423,9 @@ def build_into_storage(buildah: Sequence[str], request: BuildRequest, root: Path
     try:
         written = write_image(buildah, request, partial, step_cache.StepCache(root / "steps"),
                               step_cache.DigestMemo(root / "digests.json"), request.progress, seen)
+        # The config beside the layers: the layout then holds the whole image, for a push from it.
+        if not store.has_blob(written.image_id):
+            store.write_blob(written.config, expected=written.image_id)
         partial.finish()
         # Named first: the background import may have stored this very image, under a name drop() removes.
         if image_names(buildah, written.image_id):

@@ -1,6 +1,7 @@
-"""`builder push` of an image that is only in buildah's storage: the engine pushes it straight to the
-registry (StorageEngine.push_to_registry), so publishing needs no copy of the image in the Docker daemon
-(CI builds and pushes this way).
+"""`builder push` of an image buildah holds: the engine pushes it straight to the registry
+(StorageEngine.push_to_registry: from the builder's OCI layout when it wrote the image, blobs as written,
+engine/layout_push.py; else from its storage), so publishing needs no copy of the image in the Docker
+daemon (CI builds and pushes this way).
 
 The credentials are the ones the Docker config holds for the host (what the daemon would use), handed
 to the engine in a private auth file (empty when there are none), never on the command line. Whether

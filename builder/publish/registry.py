@@ -1,5 +1,6 @@
-"""Push a stack's immutable tag to a registry and pull it back by digest, through the Docker daemon
-(a push of an image only buildah holds goes straight from buildah's storage: publish/engine_push.py).
+"""Push a stack's immutable tag to a registry and pull it back by digest through the Docker daemon. An
+image buildah holds is pushed by the engine (publish/engine_push.py: from the builder's OCI layout when
+it wrote the image); the daemon pushes what only it holds.
 
 Transient failures (connection errors, HTTP 5xx) are retried with exponential backoff; anything
 else fails at once. The lock records a push only after the registry has the image, and a pull is
@@ -121,8 +122,9 @@ class Pulled:
 def push(stack: str, registry: str, *, lock_path: Path, retry: Retry = Retry(),
          client: docker.DockerClient | None = None, engine: StorageEngine | None = None) -> Pushed:
     """Push the stack's immutable tag; record the registry digest in the lock once it is there.
-    `engine`: whose storage to push from when the Docker daemon lacks the image (the CLI's: buildah's
-    default storage, which pushes itself: publish/engine_push.py); None: the daemon only."""
+    `engine`: the store pushed from first when it holds the image (the CLI's: buildah's default storage,
+    which pushes an image the builder wrote from its OCI layout: publish/engine_push.py); else the
+    Docker daemon pushes, or with `client` given, always."""
     found = store.entry(stack, lock_path)
     if found is None:
         raise UserError(f"{stack} is not in matrix.lock: run `builder lock --stack {stack}`")
@@ -134,14 +136,13 @@ def push(stack: str, registry: str, *, lock_path: Path, retry: Retry = Retry(),
     host, namespace = split_registry(registry)
     repository, tag = split_tag(image.immutable_tag)
     remote = f"{namespace}{repository}"
-    client = client or _daemon_holding(image.image_id)
-    if client is not None:
+    if client is None and engine is not None and engine.holds(image.image_id):
+        local_id = image.image_id  # pushed by the engine: no copy into Docker
+    elif (client := client or _daemon_holding(image.image_id)) is not None:
         try:
             local_id = client.images.get(image.image_id).id
         except docker.errors.ImageNotFound:
             raise UserError(f"{stack}: image {image.image_id} is not in the Docker daemon: build or pull it") from None
-    elif engine is not None and engine.holds(image.image_id):
-        local_id = image.image_id  # pushed from buildah's storage: no copy into Docker
     else:
         raise UserError(f"{stack}: image {image.image_id} is in neither the Docker daemon nor buildah's storage: "
                         "build or pull it")
