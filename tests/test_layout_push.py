@@ -100,11 +100,10 @@ def test_push_sends_the_layouts_blobs_the_registry_lacks_and_its_manifest(writte
         assert client.images.get(f"{REPOSITORY}:0.5.9-cu128-two").id == second
     finally:
         registry.stop()
-        for name in (f"{registry.host}/{REPOSITORY}:0.5.9-cu128-two", f"{REPOSITORY}:0.5.9-cu128-two"):
-            try:
-                client.images.remove(name, force=True)
-            except docker.errors.ImageNotFound:
-                pass
+        # The pulled image by id: its digest reference names it too, and would keep it otherwise.
+        pulled = client.images.list(name=REPOSITORY) + client.images.list(name=f"{registry.host}/{REPOSITORY}")
+        for image_id in {image.id for image in pulled}:
+            client.images.remove(image_id, force=True)
 
 
 def test_a_layout_missing_a_layer_is_not_pushed_from(written, tmp_path):
