@@ -60,6 +60,12 @@ def cache_root() -> Path:
     return Path(os.environ.get("BUILDER_CACHE") or Path.home() / ".cache" / "builder")
 
 
+def layer_listings_dir() -> Path:
+    """Each layer tar's listing by diff_id (oci/layer_listing.py): kept by the build that writes the
+    layer, read by the smoke gate."""
+    return cache_root() / "layer-listings"
+
+
 @dataclass(frozen=True)
 class Project:
     root: Path

@@ -20,7 +20,7 @@ from builder.engine.buildah import BuildahEngine
 from builder.engine.image_names import image_names
 from builder.engine.protocol import BuildRequest
 from builder.errors import BuildFailure, UserError
-from builder.oci import dockerfile_plan, tree_layer
+from builder.oci import dockerfile_plan, layer_listing, tree_layer
 from builder.oci.layer_diff import discard_storage
 from builder.oci.layout import Layout
 
@@ -105,6 +105,10 @@ def test_a_step_layer_holds_what_changed_its_parents_and_whiteouts(tmp_path):
     assert {entry[4] for entry in entries} == {EPOCH}
     assert "opt/kept/same" not in by_name and "etc/hostname" not in after.paths
     assert layer.size == layout.blob_path(layer.diff_id).stat().st_size
+    # The listing kept as written is the one a reader of the tar would make.
+    with tarfile.open(layout.blob_path(layer.diff_id), "r:") as tar:
+        assert list(layer.listing) == layer_listing.rows_of(tar)
+    assert ("/opt/kept/new2", "hardlink", "/opt/kept/new") in layer.listing
 
 
 def test_a_directory_made_again_is_opaque_and_a_copied_up_one_is_not(tmp_path):
@@ -213,6 +217,9 @@ def test_the_written_image_is_the_engines_image_by_id_and_its_cache_is_keyed_by_
         assert _runs(written_tag) == f"1001\n/opt/data\nbar {EPOCH}\n"
         store = Layout(tmp_path / "cache" / "write-once" / "layout")
         assert all(store.has_blob(layer.diff_id) for layer in written.layers)
+        # Each written layer's listing is kept as written: the smoke gate reads no tar for it.
+        kept = tmp_path / "cache" / "layer-listings"
+        assert all((kept / f"{layer.diff_id.removeprefix('sha256:')}.json").is_file() for layer in written.layers[-6:])
 
         again = engine.write(_tiny_request(tmp_path, written_tag))
         assert (again.image_id, again.written_layers, again.reused_layers) == (written.image_id, 0, 6)

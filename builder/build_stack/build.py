@@ -31,7 +31,7 @@ from builder.lock.model import ImageRecord, LockEntry, Resolution
 from builder.lock.resolution import base_pin, check_current
 from builder.lock.smoke_report import SmokeReport
 from builder.lock.system_packages import SystemPackages
-from builder.paths import DEBS_CONTEXT_DIR, WHEELS_CONTEXT_DIR, Project, cache_root, project_relative
+from builder.paths import DEBS_CONTEXT_DIR, WHEELS_CONTEXT_DIR, Project, cache_root, layer_listings_dir, project_relative
 from builder.render import render
 from builder.smoke import keyed_gate, keyed_results, smoke_gate, smoke_host
 from builder.smoke.image_files import ImageFiles
@@ -183,7 +183,7 @@ def _smoke(stack: Stack, entry: LockEntry, image_id: str, candidate: str, resmok
     if layers is None:
         report = smoke_gate.run_in_image(candidate, client=host.client, labels=host.labels())
     else:
-        files = ImageFiles(layers, cache_root() / "layer-listings")
+        files = ImageFiles(layers, layer_listings_dir())
         outcome = keyed_gate.run(candidate, image_id, stack.name, files, engine.inspect(image_id).config,
                                  KeyedResults(cache_root() / "smoke-reads" / stack.name, committed), host.client,
                                  host.labels(), resmoke)

@@ -34,8 +34,9 @@ from builder.engine.protocol import BuildRequest, ProgressCallback
 from builder.errors import BuildFailure
 from builder.files import TEMP_SUFFIX
 from builder.oci import canonical
-from builder.oci import dockerfile_plan, step_cache, tree_layer
+from builder.oci import dockerfile_plan, layer_listing, step_cache, tree_layer
 from builder.oci.layout import Layout, digest_of, linked_layout
+from builder.paths import layer_listings_dir
 
 _REF = "image"
 
@@ -286,6 +287,8 @@ def write_image(buildah: Sequence[str], request: BuildRequest, partial: PartialI
                                                             drop_stubs=step.keyword == "RUN",
                                                             build_started_ns=build_started)
                 cache.record(keys[index], step_cache.CachedLayer(layer.diff_id, layer.size))
+                # Listed as written: the smoke gate's view of the image then reads no tar for it.
+                layer_listing.keep(layer_listings_dir(), layer.diff_id, list(layer.listing))
                 sizes[layer.diff_id] = layer.size
                 written, bytes_written = written + 1, bytes_written + layer.size
                 config.record(step, created, layer.diff_id)

@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from builder.oci import canonical
+from builder.oci import canonical, layer_listing
 from builder.oci.layout import Layout
 
 _CHUNK = 1 << 20
@@ -59,6 +59,7 @@ class WrittenLayer:
     diff_id: str
     size: int
     entries: int
+    listing: tuple[layer_listing.Row, ...] = ()  # what the tar holds, for the smoke gate's view
 
 
 def walk(root: Path) -> Iterator[tuple[str, os.stat_result]]:
@@ -232,4 +233,5 @@ def write_step_layer(layout: Layout, root: Path, since_ns: int, before: Snapshot
                 marker.uid, marker.gid = info.st_uid, info.st_gid
                 tar.addfile(canonical.canonical_entry(marker))
                 count += 1
-    return WrittenLayer(blob.digest, blob.size, count), now
+        rows = layer_listing.rows_of(tar.members)
+    return WrittenLayer(blob.digest, blob.size, count, tuple(rows)), now

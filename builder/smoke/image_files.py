@@ -4,21 +4,20 @@ The smoke results are kept with what each check read (smoke/keyed_results.py); w
 another answer in another image is told here. A path's identity is the layer that gives it (a layer is
 named by its content, so the same layer gives the same bytes), with every symbolic link followed on the
 way, and a directory's listing is the names in it. Layer tars are uncompressed (the write-once layout's
-blobs); their listings are kept under `listings_dir` by diff_id, so each layer is read once.
+blobs); their listings are kept under `listings_dir` by diff_id (oci/layer_listing.py), so each layer
+is read once at most: the write-once build keeps the listing of every layer it writes.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
-import os
 import posixpath
 import tarfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from builder.oci.layout import hex_of
+from builder.oci.layer_listing import absolute, listing
 
 _WHITEOUT = ".wh."
 _OPAQUE = ".wh..wh..opq"
@@ -33,32 +32,6 @@ class Entry:
     target: str  # a link's target, else ""
 
 
-def layer_listing(tar_path: Path, diff_id: str, listings_dir: Path) -> list[tuple[str, str, str]]:
-    """[(path, kind, target)] of one layer tar, in the tar's order; from `listings_dir` when known."""
-    kept = listings_dir / f"{hex_of(diff_id)}.json"
-    try:
-        return [tuple(row) for row in json.loads(kept.read_text())]
-    except (OSError, ValueError):
-        pass
-    rows = []
-    with tarfile.open(tar_path, "r:") as tar:  # uncompressed: each member's data is skipped by a seek
-        for member in tar:
-            kind = ("dir" if member.isdir() else "link" if member.issym() else "hardlink" if member.islnk()
-                    else "file" if member.isfile() else "other")
-            target = member.linkname if kind == "link" else _absolute(member.linkname) if kind == "hardlink" else ""
-            rows.append((_absolute(member.name), kind, target))
-    listings_dir.mkdir(parents=True, exist_ok=True)
-    temporary = kept.with_suffix(f".{os.getpid()}.tmp")
-    temporary.write_text(json.dumps(rows))
-    temporary.replace(kept)
-    return rows
-
-
-def _absolute(name: str) -> str:
-    """A tar member's name as the absolute path it has in the image."""
-    return posixpath.normpath("/" + name.removeprefix("./").rstrip("/"))
-
-
 class ImageFiles:
     """The merged view of an image's layers, bottom first: whiteouts and opaque directories applied."""
 
@@ -67,7 +40,7 @@ class ImageFiles:
         self._tars = dict(layers)
         self.entries: dict[str, Entry] = {"/": Entry("", "dir", "")}
         for diff_id, tar_path in layers:
-            self._apply(diff_id, layer_listing(tar_path, diff_id, listings_dir))
+            self._apply(diff_id, listing(tar_path, diff_id, listings_dir))
         self._children: dict[str, list[str]] | None = None
 
     def _apply(self, diff_id: str, rows: list[tuple[str, str, str]]) -> None:
@@ -155,7 +128,7 @@ class ImageFiles:
             return None
         with tarfile.open(self._tars[entry.layer], "r:") as tar:
             for member in tar:
-                if _absolute(member.name) == final and member.isfile():
+                if absolute(member.name) == final and member.isfile():
                     if member.size > limit:
                         return None
                     handle = tar.extractfile(member)
