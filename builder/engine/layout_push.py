@@ -33,8 +33,7 @@ def held_image(store: Layout, image_id: str) -> tuple[bytes, list[dict]] | None:
         return None
     if not all(isinstance(d, str) and store.has_blob(d) for d in diff_ids):
         return None
-    return config, [{"mediaType": canonical.LAYER_MEDIA_TYPE, "digest": d, "size": store.blob_path(d).stat().st_size}
-                    for d in diff_ids]
+    return config, canonical.layer_descriptors(diff_ids, {d: store.blob_path(d).stat().st_size for d in diff_ids})
 
 
 def push(store: Layout, workdir: Path, image: tuple[bytes, list[dict]], destination: str, tls_verify: bool,

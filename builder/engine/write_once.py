@@ -264,7 +264,7 @@ def write_image(buildah: Sequence[str], request: BuildRequest, partial: PartialI
     written = bytes_written = 0
     if first_to_run < len(plan.steps):
         start = plan.base if config.diff_ids == base_layers else \
-            partial.import_now(config.serialised(), _descriptors(config.diff_ids, sizes))
+            partial.import_now(config.serialised(), canonical.layer_descriptors(config.diff_ids, sizes))
         # After the import: a directory it extracted is older than the mark, so its copy-up is not
         # taken for a directory made again.
         build_started = tree_layer.mark(workdir)
@@ -292,13 +292,13 @@ def write_image(buildah: Sequence[str], request: BuildRequest, partial: PartialI
                 sizes[layer.diff_id] = layer.size
                 written, bytes_written = written + 1, bytes_written + layer.size
                 config.record(step, created, layer.diff_id)
-                partial.offer(config.serialised(), _descriptors(config.diff_ids, sizes))
+                partial.offer(config.serialised(), canonical.layer_descriptors(config.diff_ids, sizes))
                 if progress:
                     progress(f"layer {len(config.diff_ids)}: {layer.diff_id} ({layer.size} bytes, "
                              f"{layer.entries} entries) from line {step.line}")
     memo.save()
     data = config.serialised()
-    descriptors = tuple(_descriptors(config.diff_ids, sizes))
+    descriptors = tuple(canonical.layer_descriptors(config.diff_ids, sizes))
     return WrittenImage(digest_of(data), data, descriptors, written, reused.layers, bytes_written,
                         round(time.monotonic() - started, 1))
 
@@ -338,10 +338,6 @@ def _applied_without_layer(plan: dockerfile_plan.Plan, step: dockerfile_plan.Ste
         return False
     config.record(step, created, None)
     return True
-
-
-def _descriptors(diff_ids: Sequence[str], sizes: dict[str, int]) -> list[dict]:
-    return [{"mediaType": canonical.LAYER_MEDIA_TYPE, "digest": d, "size": sizes[d]} for d in diff_ids]
 
 
 class PartialImages:

@@ -136,6 +136,11 @@ def rewrite_layer(source: IO[bytes], sink: IO[bytes], drop_stubs: bool, native_d
     return CanonicalLayer(writer.digest, writer.size, tuple(dropped))
 
 
+def layer_descriptors(diff_ids: Sequence[str], sizes: Mapping[str, int]) -> list[dict]:
+    """A manifest's layer descriptors for canonical layers: uncompressed, so each blob's digest is its diff_id."""
+    return [{"mediaType": LAYER_MEDIA_TYPE, "digest": d, "size": sizes[d]} for d in diff_ids]
+
+
 def canonical_history_entry(entry: Mapping[str, object]) -> dict:
     """created, created_by (the engine-computed digests of COPY's source and of a RUN step's mounts left
     out: the inputs hash covers both) and empty_layer only."""

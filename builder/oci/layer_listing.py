@@ -7,12 +7,12 @@ smoke/image_files.py) reads a tar only for a layer nobody listed.
 from __future__ import annotations
 
 import json
-import os
 import posixpath
 import tarfile
 from collections.abc import Iterable
 from pathlib import Path
 
+from builder.files import write_atomic
 from builder.oci.layout import hex_of
 
 Row = tuple[str, str, str]  # (absolute path, "dir" | "file" | "link" | "hardlink" | "other", target)
@@ -33,19 +33,20 @@ def absolute(name: str) -> str:
     return posixpath.normpath("/" + name.removeprefix("./").rstrip("/"))
 
 
+def _kept(listings_dir: Path, diff_id: str) -> Path:
+    return listings_dir / f"{hex_of(diff_id)}.json"
+
+
 def keep(listings_dir: Path, diff_id: str, rows: list[Row]) -> None:
     listings_dir.mkdir(parents=True, exist_ok=True)
-    kept = listings_dir / f"{hex_of(diff_id)}.json"
-    temporary = kept.with_suffix(f".{os.getpid()}.tmp")
-    temporary.write_text(json.dumps(rows))
-    temporary.replace(kept)
+    write_atomic(_kept(listings_dir, diff_id), json.dumps(rows))
 
 
 def listing(tar_path: Path, diff_id: str, listings_dir: Path) -> list[Row]:
     """The layer's rows: kept ones when there are, else read from its tar (uncompressed: each member's
     data is skipped by a seek) and kept."""
     try:
-        return [tuple(row) for row in json.loads((listings_dir / f"{hex_of(diff_id)}.json").read_text())]
+        return [tuple(row) for row in json.loads(_kept(listings_dir, diff_id).read_text())]
     except (OSError, ValueError):
         pass
     with tarfile.open(tar_path, "r:") as tar:

@@ -58,8 +58,11 @@ def _snapshot_of(root: Path, stats: dict[str, os.stat_result]) -> Snapshot:
 class WrittenLayer:
     diff_id: str
     size: int
-    entries: int
-    listing: tuple[layer_listing.Row, ...] = ()  # what the tar holds, for the smoke gate's view
+    listing: tuple[layer_listing.Row, ...]  # what the tar holds, in its order, for the smoke gate's view
+
+    @property
+    def entries(self) -> int:
+        return len(self.listing)
 
 
 def walk(root: Path) -> Iterator[tuple[str, os.stat_result]]:
@@ -199,12 +202,10 @@ def write_step_layer(layout: Layout, root: Path, since_ns: int, before: Snapshot
     order = sorted(wanted | gone, key=canonical.written_order)
     first_name: dict[tuple[int, int], str] = {}
     first_whiteout: str | None = None
-    count = 0
     with layout.blob_writer() as blob, tarfile.TarFile(fileobj=blob, mode="w", format=tarfile.PAX_FORMAT,
                                                         encoding="utf-8", errors="surrogateescape",
                                                         copybufsize=_CHUNK) as tar:
         for path in order:
-            count += 1
             if path in gone:
                 parent, _, name = path.rpartition("/")
                 whiteout = tarfile.TarInfo(f"{parent}/{_WHITEOUT}{name}" if parent else _WHITEOUT + name)
@@ -232,6 +233,5 @@ def write_step_layer(layout: Layout, root: Path, since_ns: int, before: Snapshot
                 marker.mode, marker.mtime = info.st_mode & 0o777, epoch
                 marker.uid, marker.gid = info.st_uid, info.st_gid
                 tar.addfile(canonical.canonical_entry(marker))
-                count += 1
         rows = layer_listing.rows_of(tar.members)
-    return WrittenLayer(blob.digest, blob.size, count, tuple(rows)), now
+    return WrittenLayer(blob.digest, blob.size, tuple(rows)), now

@@ -19,7 +19,6 @@ import gzip
 import hashlib
 import io
 import json
-import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
