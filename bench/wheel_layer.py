@@ -110,7 +110,7 @@ def main() -> int:
         "measured": time.strftime("%Y-%m-%d", time.gmtime()),
         "host": {"cpus": os.cpu_count(), "load_average_1m_at_start": round(load, 2)},
         "wheel": WHEEL, "wheel_bytes": wheel.stat().st_size, "stack": STACK,
-        "layer": {"diff_id": written.diff_id, "bytes": written.size, "files": written.files},
+        "layer": {"diff_id": written.diff_id, "bytes": written.size, "files": sum(kind == "file" for _, kind, _ in written.listing)},
         "wall_s": round(wall, 1), "cpu_s": round(cpu, 1),
         "bytes_written": bytes_written, "bytes_read": after["read_bytes"] - before["read_bytes"],
         "bytes_written_over_layer": round(bytes_written / written.size, 3),

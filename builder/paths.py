@@ -25,8 +25,15 @@ RUNTIME_HOME = "/home/sglang"
 IMAGES = "images"  # images/<stack>/: the rendered files of each stack row, in the project
 
 # The locked wheels: a directory of the build context, mounted read-only into the install steps.
+# The locked wheels and each install group's plan (builder/oci/wheel_layer.py): a directory of the build
+# context, mounted read-only into the install steps.
 WHEELS_CONTEXT_DIR = "wheels"
 WHEELS_MOUNT = "/run/wheels"
+
+
+def wheel_plan_file(group: str) -> str:
+    """The plan of one install group, in the wheels' directory of the build context."""
+    return f"{group}.plan.json"
 # The locked .debs a registry row adds to its base: the same, for its system packages step.
 DEBS_CONTEXT_DIR = "debs"
 DEBS_MOUNT = "/run/debs"

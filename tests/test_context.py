@@ -31,7 +31,8 @@ def inputs(root: Path) -> context.BuildInputs:
 def test_copied_sources_in_order():
     dockerfile = (REPO / "images" / STACK.name / "Dockerfile").read_text()
     sources = context.copied_sources(dockerfile)
-    assert sources[:2] == ["builder/runtime/add_user.sh", f"images/{STACK.name}/requirements/10-torch.txt"]
+    assert sources[:3] == ["builder/runtime/add_user.sh", "builder/runtime/install_wheels.py",
+                           f"images/{STACK.name}/requirements/"]
     assert "builder/runtime/apply_patch.py" in sources and sources[-1] == "builder/runtime/"
 
 

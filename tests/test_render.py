@@ -51,7 +51,7 @@ def test_rendering_is_byte_identical_across_processes_and_hash_seeds():
 def test_patch_layers_follow_their_package_and_precede_the_tools():
     dockerfile = rendered()["images/sglang-0.5.9-cu130/Dockerfile"]
     order = [dockerfile.index(marker) for marker in (
-        "10-torch.txt", "20-kernels.txt", "30-sglang.txt",
+        "torch.plan.json", "kernels.plan.json", "sglang.plan.json", '"compile"',
         "0001-torch-symm-mem-sm120.patch", "0001-trtllm-comm-sm120.patch",
         "COPY builder/runtime/ /opt/builder/runtime/",
     )]

@@ -1,10 +1,12 @@
 """The wheel layer writer (builder/oci/wheel_layer.py) against pip itself: the files a layer holds are
 what `pip install --no-deps --no-compile` puts into a fresh venv of the same Python; the tar is
-canonical and the same bytes twice; a blob write that dies leaves no blob; a wheel that is not the
-lock's is refused. The OCI layout it writes into (builder/oci/layout.py) is tested here too."""
+canonical and the same bytes twice; the image's own tool (builder/runtime/install_wheels.py) lays the
+same plan out as the same files; a blob write that dies leaves no blob; a wheel that is not the lock's,
+and a plan that is not one, are refused. The OCI layout it writes into (builder/oci/layout.py) is tested here too."""
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import io
 import os
@@ -22,7 +24,8 @@ import pytest
 from builder.errors import BuildFailure
 from builder.files import sha256_file
 from builder.oci.layout import Layout, LayoutError, digest_of
-from builder.oci.wheel_layer import INSTALLER_NAME, LockedWheel, VenvScheme, write_wheel_layer
+from builder.oci.wheel_layer import (INSTALLER_NAME, LockedWheel, VenvScheme, WheelPlan, plan_layer,
+                                     write_planned_layer, write_wheel_layer)
 
 EPOCH = 1_700_000_000
 # Small real wheels: plain modules, a package, console scripts (wheel), a .data/scripts file with a
@@ -99,7 +102,7 @@ def test_the_layer_holds_what_pip_installs(wheels, tmp_path):
 
     # The layer's paths are relative to the image's root; here that root is `image_root`.
     prefix = str(image_root).lstrip("/") + "/"
-    layer = {path.removeprefix(prefix): value for path, value in _layer_files(layout, written.digest).items()
+    layer = {path.removeprefix(prefix): value for path, value in _layer_files(layout, written.diff_id).items()
              if path.startswith(prefix + "venv/")}
     pip_added = {path: value for path, value in after.items() if path not in before}
     layer_added = {path: value for path, value in layer.items() if path not in before}
@@ -116,12 +119,13 @@ def test_the_layer_holds_what_pip_installs(wheels, tmp_path):
             assert layer_added[path][2] == len(INSTALLER_NAME)
         elif path not in records:
             assert layer_added[path] == pip_added[path], path
-    with layout.open_blob(written.digest) as stream, tarfile.open(fileobj=stream, mode="r|") as tar:
+    with layout.open_blob(written.diff_id) as stream, tarfile.open(fileobj=stream, mode="r|") as tar:
         ours = {m.name: tar.extractfile(m).read() for m in tar if m.name.endswith(".dist-info/RECORD")}
     for path in records:
         assert _without_installer_lines(ours[prefix + path]) == \
             _without_installer_lines((image_root / path).read_bytes()), path
-    assert written.files == sum(1 for value in layer.values() if value[0] == tarfile.REGTYPE)
+    assert sum(kind == "file" for _, kind, _ in written.listing) == \
+        sum(1 for value in layer.values() if value[0] == tarfile.REGTYPE)
     assert (venv / "bin" / "wheel").read_bytes().startswith(f"#!{venv}/bin/python\n".encode())
     assert (venv / "bin" / "jsonpointer").read_bytes().startswith(f"#!{venv}/bin/python\n".encode())
 
@@ -132,7 +136,7 @@ def test_the_layer_is_canonical_and_reproducible(wheels, tmp_path):
     first = write_wheel_layer(Layout.create(tmp_path / "one"), _locked(wheels), scheme, EPOCH)
     second = write_wheel_layer(Layout.create(tmp_path / "two"), _locked(list(reversed(wheels))), scheme, EPOCH)
     assert first == second
-    one = (tmp_path / "one" / "blobs" / "sha256" / first.digest.removeprefix("sha256:")).read_bytes()
+    one = (tmp_path / "one" / "blobs" / "sha256" / first.diff_id.removeprefix("sha256:")).read_bytes()
     assert digest_of(one) == first.diff_id and len(one) == first.size
     with tarfile.open(fileobj=io.BytesIO(one)) as tar:
         members = tar.getmembers()
@@ -228,17 +232,42 @@ def test_an_image_is_written_with_deterministic_json(tmp_path):
 
 
 @pytest.mark.network
-def test_two_wheels_that_write_one_path_are_refused(wheels, tmp_path):
-    layout = Layout.create(tmp_path / "layout")
+def test_two_wheels_that_write_one_path_are_refused_unless_it_is_the_same_file(wheels, tmp_path):
+    """The CUDA 12 wheels each carry the same empty nvidia/__init__.py: one file in the layer. A path two
+    wheels write with different bytes is refused (pip's install order would decide it)."""
+    import zipfile
+
     six = next(path for path in wheels if path.name.startswith("six-"))
+    scheme = VenvScheme("/opt/venv", "3.11", "/opt/venv/bin/python")
+
+    def wheel_with(directory: str, shared: bytes) -> Path:
+        name = f"{directory}-1.0-py3-none-any.whl"
+        path = tmp_path / directory / name
+        path.parent.mkdir()
+        dist_info = f"{directory}-1.0.dist-info"
+        files = {"nvidia/__init__.py": shared, f"nvidia/{directory}/x.py": b"x = 1\n",
+                 f"{dist_info}/METADATA": f"Metadata-Version: 2.1\nName: {directory}\nVersion: 1.0\n".encode(),
+                 f"{dist_info}/WHEEL": b"Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+        record = "".join(f"{n},sha256={base64.urlsafe_b64encode(hashlib.sha256(d).digest()).rstrip(b'=').decode()},"
+                         f"{len(d)}\n" for n, d in files.items()) + f"{dist_info}/RECORD,,\n"
+        with zipfile.ZipFile(path, "w") as archive:
+            for member, data in {**files, f"{dist_info}/RECORD": record.encode()}.items():
+                archive.writestr(member, data)
+        return path
+
+    one, two, other = wheel_with("one", b""), wheel_with("two", b""), wheel_with("other", b"# not empty\n")
+    plan = plan_layer(_locked([one, two]), scheme)
+    shared = [f for f in plan.files if f.path.endswith("site-packages/nvidia/__init__.py")]
+    assert len(shared) == 1 and shared[0].size == 0
+    assert sum(f.path.endswith("/x.py") for f in plan.files) == 2
+    with pytest.raises(BuildFailure, match=r"^opt/venv/lib/python3.11/site-packages/nvidia/__init__.py: in both "
+                                           r"one-1.0-py3-none-any.whl and other-1.0-py3-none-any.whl, with different "
+                                           r"content$"):
+        plan_layer(_locked([one, other]), scheme)
     copy = tmp_path / "copy" / six.name
     copy.parent.mkdir()
     copy.write_bytes(six.read_bytes())
-    scheme = VenvScheme("/opt/venv", "3.11", "/opt/venv/bin/python")
-    with pytest.raises(BuildFailure, match=rf"^opt/venv/lib/python3.11/site-packages/\S+: in both {six.name} and "
-                                           rf"{six.name}$"):
-        write_wheel_layer(layout, _locked([six, copy]), scheme, EPOCH)
-    assert list(layout.blobs.iterdir()) == []
+    assert plan_layer(_locked([six, copy]), scheme).files == plan_layer(_locked([six]), scheme).files
 
 
 def test_comparing_a_layout_whose_config_is_damaged_says_so(tmp_path):
@@ -255,3 +284,113 @@ def test_comparing_a_layout_whose_config_is_damaged_says_so(tmp_path):
     layout.blob_path(digest_of(config)).write_bytes(config.replace(b"rootfs", b"rootfz"))
     with pytest.raises(UserError, match=f"blob {digest_of(config)} reads as sha256:"):
         read_image(layout.root)
+
+
+REPO = Path(__file__).resolve().parents[1]
+TOOL = REPO / "builder" / "runtime" / "install_wheels.py"
+SCHEME = VenvScheme("/opt/venv", "3.11", "/opt/venv/bin/python")
+
+
+@pytest.mark.network
+def test_the_images_tool_lays_out_the_plan_as_the_layers_files(wheels, tmp_path):
+    """One plan, two writers: the files install_wheels.py writes (as the plain engine build runs it) are
+    the layer's, path for path, with the same type, mode, size and content."""
+    plan = plan_layer(_locked(wheels), SCHEME)
+    assert WheelPlan.from_json(plan.to_json(), "plan") == plan
+    (tmp_path / "plan.json").write_bytes(plan.to_json())
+    root = tmp_path / "root"
+    umask = os.umask(0o022)  # what a build's RUN step has
+    try:
+        subprocess.run([sys.executable, "-I", "-B", str(TOOL), "install", str(tmp_path / "plan.json"),
+                        str(wheels[0].parent), str(root)], check=True)
+    finally:
+        os.umask(umask)
+    layout = Layout.create(tmp_path / "layout")
+    written = write_planned_layer(layout, plan, wheels[0].parent, EPOCH)
+    assert _tree_files(root, root) == _layer_files(layout, written.diff_id)
+    assert [row for row in written.listing if row[1] == "file"] == \
+        [("/" + planned.path, "file", "") for planned in plan.files]
+
+
+@pytest.mark.network
+def test_directories_the_engine_leaves_are_in_the_layer_in_order(wheels, tmp_path):
+    plan = plan_layer(_locked(wheels[:1]), SCHEME)
+    layout = Layout.create(tmp_path / "layout")
+    written = write_planned_layer(layout, plan, wheels[0].parent, EPOCH, directories=("run",))
+    with layout.open_blob(written.diff_id) as stream, tarfile.open(fileobj=stream, mode="r|") as tar:
+        names = [(m.name, m.type, m.mode) for m in tar]
+    assert names[-1] == ("run", tarfile.DIRTYPE, 0o755) and names[0][0] == "opt"
+    assert [row[0] for row in written.listing] == ["/" + name for name, _, _ in names]
+
+
+@pytest.mark.network
+def test_the_images_tool_refuses_a_wheel_that_is_not_the_plans(wheels, tmp_path):
+    plan = plan_layer(_locked(wheels[:1]), SCHEME)
+    (tmp_path / "plan.json").write_bytes(plan.to_json())
+    other = tmp_path / "wheels"
+    other.mkdir()
+    (other / wheels[0].name).write_bytes(wheels[0].read_bytes() + b"tail")
+    done = subprocess.run([sys.executable, "-I", "-B", str(TOOL), "install", str(tmp_path / "plan.json"), str(other),
+                           str(tmp_path / "root")], capture_output=True, text=True)
+    assert done.returncode == 1 and not (tmp_path / "root").exists()
+    assert done.stderr == f"install_wheels: {wheels[0].name}: not the locked file (sha256 differs from the plan's)\n"
+    with pytest.raises(BuildFailure, match=rf"^{wheels[0].name}: sha256 [0-9a-f]{{64}}, the lock says"):
+        write_planned_layer(Layout.create(tmp_path / "layout"), plan, other, EPOCH)
+
+
+@pytest.mark.parametrize("change, problem", [
+    (lambda d: d.update(format=2), "format 2"),
+    (lambda d: d["files"][0].update(path="../etc/passwd"), "bad entry '../etc/passwd'"),
+    (lambda d: d["files"][0].update(path="/etc/passwd"), "bad entry '/etc/passwd'"),
+    (lambda d: d["files"][0].update(mode=0o4755), "bad entry"),
+    (lambda d: d["files"][0].update(wheel=5), "bad entry"),
+    (lambda d: d["files"][0].pop("member"), "'member'"),
+])
+def test_a_plan_that_is_not_one_is_refused_by_both_writers(tmp_path, change, problem):
+    import json
+
+    document = {"format": 1, "wheels": [{"file": "a-1-py3-none-any.whl", "sha256": "0" * 64}],
+                "files": [{"path": "opt/venv/a.py", "mode": 0o644, "size": 1, "wheel": 0, "member": "a.py"}]}
+    change(document)
+    data = json.dumps(document).encode()
+    with pytest.raises(BuildFailure, match=rf"^plan\.json: not a wheel plan: .*{problem}"):
+        WheelPlan.from_json(data, "plan.json")
+    if "member" not in problem:
+        (tmp_path / "plan.json").write_bytes(data)  # refused before any wheel is read: there is none
+        done = subprocess.run([sys.executable, "-I", "-B", str(TOOL), "install", str(tmp_path / "plan.json"),
+                               str(tmp_path), str(tmp_path / "root")], capture_output=True, text=True)
+        assert done.returncode == 1 and done.stderr.startswith("install_wheels: ") and \
+            len(done.stderr.splitlines()) == 1, done.stderr
+
+
+@pytest.mark.network
+def test_each_groups_plan_is_made_once_and_kept_by_what_it_is_made_from(wheels, tmp_path, monkeypatch):
+    """build_stack/wheel_plans.py: a second build links the kept plans and reads no wheel to plan them."""
+    from types import SimpleNamespace
+
+    from builder.build_stack import wheel_plans
+    from builder.cache.wheel_cache import LockedWheel as CachedWheel, WheelCache
+
+    monkeypatch.setenv("BUILDER_CACHE", str(tmp_path / "cache"))
+    cache = WheelCache(tmp_path / "cache" / "locked-wheels")
+    distributions = []
+    for path, group in zip(wheels, ("torch", "kernels", "sglang", "sglang")):
+        name, version = path.name.split("-")[:2]
+        distributions.append(SimpleNamespace(name=name, version=version, wheel=path.name, sha256=sha256_file(path),
+                                             source="default", url=None, group=group))
+        target = cache.path(CachedWheel(name, version, path.name, sha256_file(path), "default"))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(path.read_bytes())
+    resolution = SimpleNamespace(python="3.11", distributions=tuple(distributions))
+    planned = []
+    real = wheel_plans.plan_layer
+    monkeypatch.setattr(wheel_plans, "plan_layer", lambda *args: planned.append(args) or real(*args))
+    for context in ("one", "two"):
+        (tmp_path / context).mkdir()
+        wheel_plans.stage_plans(resolution, cache, tmp_path / context)
+    assert len(planned) == 3  # one per group, in the first build only
+    for group in ("torch", "kernels", "sglang"):
+        one, two = (tmp_path / "one" / f"{group}.plan.json"), (tmp_path / "two" / f"{group}.plan.json")
+        assert one.read_bytes() == two.read_bytes() and one.stat().st_ino == two.stat().st_ino
+    sglang = WheelPlan.from_json((tmp_path / "one" / "sglang.plan.json").read_bytes(), "plan")
+    assert [name for name, _ in sglang.wheels] == sorted(path.name for path in wheels[2:])

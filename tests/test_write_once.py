@@ -354,3 +354,19 @@ def _cwd_of(process: Path) -> bytes:
         return os.readlink(process / "cwd").encode()
     except OSError:
         return b""
+
+
+def test_the_wheel_groups_are_the_steps_written_from_their_plans():
+    """The rendered install steps are the ones the builder writes from their plans, read through the
+    step's bind mount on the host; every other step, and a path that leaves the mount, is run."""
+    text = (REPO / "images" / "sglang-0.5.9-cu128-local" / "Dockerfile").read_text()
+    plan = dockerfile_plan.parse(text, {"SOURCE_DATE_EPOCH": str(EPOCH)})
+    context = Path("/ctx")
+    found = [write_once._planned_install(step, context) for step in plan.steps]
+    assert [f for f in found if f] == [(context / "wheels" / f"{group}.plan.json", context / "wheels")
+                                       for group in ("torch", "kernels", "sglang")]
+    install = next(step for step, f in zip(plan.steps, found) if f)
+    escaping = dataclasses.replace(install, argv=(*install.argv[:5], "/run/wheels/../x.json", install.argv[6]))
+    outside = dataclasses.replace(install, argv=(*install.argv[:5], "/opt/x.json", install.argv[6]))
+    assert write_once._planned_install(escaping, context) is None
+    assert write_once._planned_install(outside, context) is None

@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
-from builder.build_stack import context, immutable, provenance, sbom
+from builder.build_stack import context, immutable, provenance, sbom, wheel_plans
 from builder.cache import deb_cache, wheel_cache
 from builder.config import tags
 from builder.config.stack import Stack
@@ -102,11 +102,12 @@ def fetch_debs(stack: Stack, resolution: Resolution, debs: deb_cache.DebCache, o
 
 def stage_context(inputs: context.BuildInputs, root: Path, resolution: Resolution, cache: wheel_cache.WheelCache,
                   context_dir: Path, debs: deb_cache.DebCache | None = None) -> Path:
-    """The engine's context: exactly the hashed files, the entry's wheels for the install steps' read-only
-    mount (their hashes are in the hashed requirements) and, for a row that adds system packages, its
+    """The engine's context: exactly the hashed files, the entry's wheels and each install group's plan
+    for the install steps' read-only mount (their hashes are in the hashed requirements and the plans) and, for a row that adds system packages, its
     locked .debs (their hashes are in debs.txt). Returns the Dockerfile."""
     dockerfile = context.assemble(inputs, root, context_dir)
     cache.link_into(wheel_cache.locked_wheels(resolution), context_dir / WHEELS_CONTEXT_DIR)
+    wheel_plans.stage_plans(resolution, cache, context_dir / WHEELS_CONTEXT_DIR)
     locked = added_debs(resolution)
     if locked is not None:
         (debs or deb_cache.DebCache()).link_into(locked, context_dir / DEBS_CONTEXT_DIR)

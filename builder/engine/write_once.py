@@ -18,6 +18,7 @@ import fcntl
 import gzip
 import json
 import os
+import posixpath
 import re
 import secrets
 import shutil
@@ -34,11 +35,16 @@ from builder.engine.protocol import BuildRequest, ProgressCallback
 from builder.errors import BuildFailure
 from builder.files import TEMP_SUFFIX
 from builder.oci import canonical
-from builder.oci import dockerfile_plan, layer_listing, step_cache, tree_layer
+from builder.oci import dockerfile_plan, layer_listing, step_cache, tree_layer, wheel_layer
 from builder.oci.layout import Layout, digest_of, linked_layout
-from builder.paths import layer_listings_dir
+from builder.paths import TOOLS_DIR, layer_listings_dir
 
 _REF = "image"
+# What buildah leaves in the layer of a RUN step with a bind mount besides the step's own changes (1.28.2
+# and 1.39.3 alike, whatever the mount's target): the image's /run, as the base has it.
+_BIND_MOUNT_LEAVES = ("run",)
+# The image's tool that lays out a wheel plan (builder/runtime/install_wheels.py, templates/partials/install.j2).
+INSTALL_TOOL = f"{TOOLS_DIR}/install_wheels.py"
 
 
 @dataclass(frozen=True)
@@ -131,16 +137,48 @@ def _dead_owner(name: str) -> bool:
     return False
 
 
-@contextlib.contextmanager
-def _working_container(buildah: Sequence[str], base: str, owner: str,
-                       seen: Callable[[str], Path]) -> Iterator[tuple[str, Path]]:
-    name = f"{_CONTAINER_PREFIX}{owner}-{secrets.token_hex(4)}"
-    run_quiet([*buildah, "from", "--pull=never", "--name", name, base], f"buildah from {base}")
-    try:
-        root = seen(run_quiet([*buildah, "mount", name], f"buildah mount {name}").strip())
-        yield name, root
-    finally:
-        subprocess.run([*buildah, "rm", name], capture_output=True, stdin=subprocess.DEVNULL)
+class _WorkingContainer:
+    """The one container the steps that need the image's own programs run in. It is started on the image
+    of the layers so far, and started again after a layer the builder wrote without it (a wheel group),
+    whose files it lacks; unpacking them into it instead would write them twice."""
+
+    def __init__(self, buildah: Sequence[str], owner: str, seen: Callable[[str], Path]) -> None:
+        self.buildah, self.owner, self.seen = list(buildah), owner, seen
+        self.name: str | None = None
+        self.root = Path()
+
+    def start(self, image: str, after_run: bool) -> None:
+        """On `image`; `after_run`: a RUN step came before, so the engine's mount-point stubs are made
+        first (_make_engine_stubs)."""
+        self.close()
+        name = f"{_CONTAINER_PREFIX}{self.owner}-{secrets.token_hex(4)}"
+        run_quiet([*self.buildah, "from", "--pull=never", "--name", name, image], f"buildah from {image}")
+        self.name = name
+        self.root = self.seen(run_quiet([*self.buildah, "mount", name], f"buildah mount {name}").strip())
+        if after_run:
+            _make_engine_stubs(self.buildah, name)
+
+    def close(self) -> None:
+        if self.name is not None:
+            subprocess.run([*self.buildah, "rm", self.name], capture_output=True, stdin=subprocess.DEVNULL)
+            self.name = None
+
+
+def _planned_install(step: dockerfile_plan.Step, context_dir: Path) -> tuple[Path, Path] | None:
+    """Where on the host the plan and the wheels of a wheel group's install step are (the template's
+    `install_wheels.py install PLAN WHEEL_DIR`, both read through the step's bind mount), or None for
+    any other step. Such a step's layer is written from the plan, without running it."""
+    if step.keyword != "RUN" or len(step.argv) != 7 or list(step.argv[1:5]) != ["-I", "-B", INSTALL_TOOL, "install"]:
+        return None
+    found = []
+    for in_image in step.argv[5:]:
+        for source, target in step.mounts:
+            if posixpath.normpath(in_image) == in_image and in_image.startswith(target + "/") or in_image == target:
+                found.append(context_dir / source / in_image[len(target):].lstrip("/"))
+                break
+        else:
+            return None
+    return found[0], found[1]
 
 
 class _Config:
@@ -262,40 +300,61 @@ def write_image(buildah: Sequence[str], request: BuildRequest, partial: PartialI
         layer_steps = sum(not step.empty_layer for step in plan.steps)
         progress(f"layer cache: {reused.layers} of {layer_steps} layers reused")
     written = bytes_written = 0
-    if first_to_run < len(plan.steps):
-        start = plan.base if config.diff_ids == base_layers else \
-            partial.import_now(config.serialised(), canonical.layer_descriptors(config.diff_ids, sizes))
-        # After the import: a directory it extracted is older than the mark, so its copy-up is not
-        # taken for a directory made again.
-        build_started = tree_layer.mark(workdir)
-        with _working_container(buildah, start, partial.owner, seen) as (container, root):
-            if any(step.keyword == "RUN" for step in plan.steps[:first_to_run]):
-                _make_engine_stubs(buildah, container)
-            before = tree_layer.snapshot(root)
-            for index in range(first_to_run, len(plan.steps)):
-                step = plan.steps[index]
-                if _applied_without_layer(plan, step, config, args, created):
-                    continue
+    container = _WorkingContainer(buildah, partial.owner, seen)
+    current = False  # whether the container holds every layer so far
+    before: dict = {}
+    build_started = 0
+    try:
+        for index in range(first_to_run, len(plan.steps)):
+            step = plan.steps[index]
+            if _applied_without_layer(plan, step, config, args, created):
+                continue
+            planned = _planned_install(step, request.context_dir)
+            if planned is not None:
+                plan_file, wheel_dir = planned
+                layer = wheel_layer.write_planned_layer(
+                    store, wheel_layer.WheelPlan.from_json(plan_file.read_bytes(), str(plan_file)), wheel_dir,
+                    request.source_date_epoch, lambda path: memo.file_digest(path, path.stat()),
+                    directories=_BIND_MOUNT_LEAVES)
+                current = False
+            else:
+                if not current:
+                    importing = time.monotonic()
+                    start = plan.base if config.diff_ids == base_layers else \
+                        partial.import_current(config.serialised(), canonical.layer_descriptors(config.diff_ids, sizes))
+                    if progress and start != plan.base:
+                        progress(f"working container on the {len(config.diff_ids)} layers so far (stored in "
+                                 f"{time.monotonic() - importing:.1f} s)")
+                    # After the import: a directory it extracted is older than the mark, so its copy-up is
+                    # not taken for a directory made again.
+                    build_started = tree_layer.mark(workdir)
+                    container.start(start, any(s.keyword == "RUN" for s in plan.steps[:index]))
+                    before, current = tree_layer.snapshot(container.root), True
                 since = tree_layer.mark(workdir)
                 if step.keyword == "COPY":
-                    run_quiet([*buildah, "copy", "--quiet", container,
+                    run_quiet([*buildah, "copy", "--quiet", container.name,
                                *[str(request.context_dir / source) for source in step.sources], step.destination],
                               f"COPY at Dockerfile line {step.line}")
                 else:
-                    _run_step(buildah, container, root, step, request.context_dir, config, args, progress)
-                layer, before = tree_layer.write_step_layer(store, root, since, before, request.source_date_epoch,
+                    _run_step(buildah, container.name, container.root, step, request.context_dir, config, args,
+                              progress)
+                layer, before = tree_layer.write_step_layer(store, container.root, since, before,
+                                                            request.source_date_epoch,
                                                             drop_stubs=step.keyword == "RUN",
                                                             build_started_ns=build_started)
-                cache.record(keys[index], step_cache.CachedLayer(layer.diff_id, layer.size))
-                # Listed as written: the smoke gate's view of the image then reads no tar for it.
-                layer_listing.keep(layer_listings_dir(), layer.diff_id, list(layer.listing))
-                sizes[layer.diff_id] = layer.size
-                written, bytes_written = written + 1, bytes_written + layer.size
-                config.record(step, created, layer.diff_id)
-                partial.offer(config.serialised(), canonical.layer_descriptors(config.diff_ids, sizes))
-                if progress:
-                    progress(f"layer {len(config.diff_ids)}: {layer.diff_id} ({layer.size} bytes, "
-                             f"{layer.entries} entries) from line {step.line}")
+            cache.record(keys[index], step_cache.CachedLayer(layer.diff_id, layer.size))
+            # Listed as written: the smoke gate's view of the image then reads no tar for it.
+            layer_listing.keep(layer_listings_dir(), layer.diff_id, list(layer.listing))
+            sizes[layer.diff_id] = layer.size
+            written, bytes_written = written + 1, bytes_written + layer.size
+            config.record(step, created, layer.diff_id)
+            partial.offer(config.serialised(), canonical.layer_descriptors(config.diff_ids, sizes))
+            if progress:
+                progress(f"layer {len(config.diff_ids)}: {layer.diff_id} ({layer.size} bytes, "
+                         f"{layer.entries} entries) from line {step.line}"
+                         f"{' (written from its wheel plan)' if planned else ''}")
+    finally:
+        container.close()
     memo.save()
     data = config.serialised()
     descriptors = tuple(canonical.layer_descriptors(config.diff_ids, sizes))
@@ -355,12 +414,21 @@ class PartialImages:
         self._failed: BaseException | None = None
         self._wake = threading.Condition()
         self._worker: threading.Thread | None = None
+        self._importing = threading.Lock()  # one import at a time: each names the next image
 
     def import_now(self, config: bytes, layers: list[dict]) -> str:
-        name = f"{self.stem}:{len(self.names) + 1}"
-        import_image(self.buildah, self.store, config, layers, self.workdir, name)
-        self.names.append(name)
-        return name
+        with self._importing:
+            name = f"{self.stem}:{len(self.names) + 1}"
+            import_image(self.buildah, self.store, config, layers, self.workdir, name)
+            self.names.append(name)
+            return name
+
+    def import_current(self, config: bytes, layers: list[dict]) -> str:
+        """This image, imported now, for a step to start on: the one the worker would import next is
+        older, so it is dropped; the worker's import under way is waited for (its layers are then reused)."""
+        with self._wake:
+            self._pending = None
+        return self.import_now(config, layers)
 
     def offer(self, config: bytes, layers: list[dict]) -> None:
         """Import this image in the background, or a later one offered before the worker gets to it."""

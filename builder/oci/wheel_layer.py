@@ -21,10 +21,11 @@ import base64
 import csv
 import hashlib
 import io
+import json
 import posixpath
 import tarfile
 import zipfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +40,8 @@ from installer.utils import Scheme, fix_shebang
 
 from builder.errors import BuildFailure, UserError
 from builder.files import sha256_file
-from builder.oci import canonical
+from builder.oci import canonical, layer_listing
+from builder.oci.tree_layer import WrittenLayer
 from builder.oci.layout import Layout
 
 INSTALLER_NAME = b"sglang-image-builder\n"
@@ -90,24 +92,63 @@ class VenvScheme:
                 "data": root, "headers": f"{root}/include/site/python{self.version}/{distribution}"}[scheme]
 
 
-@dataclass(frozen=True)
-class WrittenLayer:
-    diff_id: str  # the tar's sha256: uncompressed, so also the blob's digest
-    size: int
-    files: int
-
-    @property
-    def digest(self) -> str:
-        return self.diff_id
+PLAN_FORMAT = 1
 
 
 @dataclass(frozen=True)
-class _Entry:
+class PlannedFile:
+    """One regular file of the layer: its path relative to the image's root, its mode and size, and
+    where its bytes come from: a member of one of the plan's wheels, or the plan itself."""
+
+    path: str
     mode: int
     size: int
-    member: str | None = None  # streamed from the wheel's zip member of this name
-    data: bytes | None = None  # or held in memory
-    wheel: int = 0  # which wheel of the layer the member is in
+    wheel: int | None = None  # index into WheelPlan.wheels
+    member: str | None = None
+    data: bytes | None = None
+
+
+@dataclass(frozen=True)
+class WheelPlan:
+    """Every file a group of wheels installs, in the layer's order. It is the one description both
+    writers carry out: the builder's tar writer (write_planned_layer) and the image's own tool
+    (builder/runtime/install_wheels.py), which a plain engine build of the rendered Dockerfile runs."""
+
+    wheels: tuple[tuple[str, str], ...]  # (file name, sha256 hex), as the lock records them
+    files: tuple[PlannedFile, ...]
+
+    def to_json(self) -> bytes:
+        files = [{"path": f.path, "mode": f.mode, "size": f.size,
+                  **({"data": base64.b64encode(f.data).decode("ascii")} if f.data is not None
+                     else {"wheel": f.wheel, "member": f.member})} for f in self.files]
+        document = {"format": PLAN_FORMAT, "wheels": [{"file": name, "sha256": sha} for name, sha in self.wheels],
+                    "files": files}
+        return (json.dumps(document, sort_keys=True, separators=(",", ":")) + "\n").encode()
+
+    @classmethod
+    def from_json(cls, data: bytes, origin: str) -> WheelPlan:
+        try:
+            document = json.loads(data)
+            if document["format"] != PLAN_FORMAT:
+                raise ValueError(f"format {document['format']!r}, this builder reads {PLAN_FORMAT}")
+            wheels = tuple((str(w["file"]), str(w["sha256"])) for w in document["wheels"])
+            files = tuple(PlannedFile(str(f["path"]), int(f["mode"]), int(f["size"]),
+                                      None if "data" in f else int(f["wheel"]),
+                                      None if "data" in f else str(f["member"]),
+                                      base64.b64decode(f["data"], validate=True) if "data" in f else None)
+                          for f in document["files"])
+        except (ValueError, KeyError, TypeError) as error:
+            raise BuildFailure(f"{origin}: not a wheel plan: {error}") from None
+        for planned in files:
+            if not canonical_path(planned.path) or planned.mode not in (_FILE_MODE, _EXECUTABLE_MODE) or \
+                    (planned.data is None and not 0 <= planned.wheel < len(wheels)):
+                raise BuildFailure(f"{origin}: not a wheel plan: bad entry {planned.path!r}")
+        return cls(wheels, files)
+
+
+def canonical_path(path: str) -> bool:
+    """A plan's path: relative, '/'-separated, with no empty, '.' or '..' part."""
+    return bool(path) and all(part not in ("", ".", "..") for part in path.split("/"))
 
 
 def _record_hash(data_digest: bytes) -> Hash:
@@ -119,14 +160,17 @@ class _PlanningDestination(WheelDestination):
 
     def __init__(self, scheme: VenvScheme, distribution: str, wheel: int) -> None:
         self.scheme, self.distribution, self.wheel = scheme, distribution, wheel
-        self.entries: dict[str, _Entry] = {}
+        self.entries: dict[str, PlannedFile] = {}
+        self.digests: dict[str, bytes] = {}  # each file's sha256, to tell a clash from the same file twice
 
     def _path(self, scheme: Scheme, path: str) -> str:
         return posixpath.join(self.scheme.directory(scheme, self.distribution), path)
 
     def _keep(self, scheme: Scheme, path: str, data: bytes, mode: int) -> RecordEntry:
-        self.entries[self._path(scheme, path)] = _Entry(mode, len(data), data=data, wheel=self.wheel)
-        return RecordEntry(path, _record_hash(hashlib.sha256(data).digest()), len(data))
+        target = self._path(scheme, path)
+        self.entries[target] = PlannedFile(target, mode, len(data), data=data)
+        self.digests[target] = hashlib.sha256(data).digest()
+        return RecordEntry(path, _record_hash(self.digests[target]), len(data))
 
     def write_script(self, name: str, module: str, attr: str, section: str) -> RecordEntry:
         text = f"#!{self.scheme.interpreter}\n" + _LAUNCHER.format(
@@ -146,8 +190,10 @@ class _PlanningDestination(WheelDestination):
         while chunk := stream.read(_CHUNK):
             digest.update(chunk)
             size += len(chunk)
-        self.entries[self._path(scheme, path)] = _Entry(mode, size, member=member, wheel=self.wheel)
-        return RecordEntry(path, _record_hash(digest.digest()), size)
+        target = self._path(scheme, path)
+        self.entries[target] = PlannedFile(target, mode, size, wheel=self.wheel, member=member)
+        self.digests[target] = digest.digest()
+        return RecordEntry(path, _record_hash(self.digests[target]), size)
 
     def finalize_installation(self, scheme: Scheme, record_file_path: str,
                               records: Iterable[tuple[Scheme, RecordEntry]]) -> None:
@@ -160,71 +206,107 @@ class _PlanningDestination(WheelDestination):
         self._keep(scheme, record_file_path, text.getvalue().encode(), _FILE_MODE)
 
 
-def _plan(wheel: WheelFile, scheme: VenvScheme, index: int) -> dict[str, _Entry]:
+def _plan(wheel: WheelFile, scheme: VenvScheme, index: int) -> _PlanningDestination:
     destination = _PlanningDestination(scheme, wheel.distribution, index)
     install(wheel, destination, {"INSTALLER": INSTALLER_NAME, "REQUESTED": b""})
-    return destination.entries
+    return destination
 
 
-def _open_locked(stack: ExitStack, locked: LockedWheel) -> tuple[WheelFile, zipfile.ZipFile]:
-    """The wheel, once its bytes are the lock's. The file stays open for both passes, so both read the
-    bytes that were checked."""
-    handle = stack.enter_context(Path(locked.path).open("rb"))
-    digest = hashlib.sha256()
-    while chunk := handle.read(_CHUNK):
-        digest.update(chunk)
-    if digest.hexdigest() != locked.sha256:
-        raise BuildFailure(f"{Path(locked.path).name}: sha256 {digest.hexdigest()}, the lock says {locked.sha256}; "
-                           "not installed")
-    handle.seek(0)
+def _open_locked(stack: ExitStack, path: Path, sha256: str,
+                 file_digest: Callable[[Path], str] = sha256_file) -> tuple[WheelFile, zipfile.ZipFile]:
+    """The wheel, once its bytes are the lock's. The file stays open while it is read, so what is read
+    is what was checked (`file_digest` may answer from a memo of the file's identity)."""
+    handle = stack.enter_context(Path(path).open("rb"))
+    digest = file_digest(Path(path))
+    if digest != sha256:
+        raise BuildFailure(f"{Path(path).name}: sha256 {digest}, the lock says {sha256}; not installed")
     try:
         archive = stack.enter_context(zipfile.ZipFile(handle))
         source = WheelFile(archive)
         source.dist_info_dir  # noqa: B018  (reading it checks the wheel's name against its .dist-info)
     except (zipfile.BadZipFile, InstallerError, ValueError) as error:
-        raise BuildFailure(f"{Path(locked.path).name}: not a readable wheel: {error}") from None
+        raise BuildFailure(f"{Path(path).name}: not a readable wheel: {error}") from None
     return source, archive
+
+
+def plan_layer(wheels: Sequence[LockedWheel], scheme: VenvScheme) -> WheelPlan:
+    """Every file `wheels` install into `scheme` (pass one: each member decompressed and hashed once,
+    for RECORD); two wheels that write one path with different content are refused. The wheels' order
+    does not matter."""
+    ordered = sorted(wheels, key=lambda wheel: (Path(wheel.path).name, str(wheel.path)))
+    files: dict[str, PlannedFile] = {}
+    digests: dict[str, bytes] = {}
+    origin: dict[str, int] = {}  # which wheel each path comes from (a generated file has no member)
+    with ExitStack() as stack:
+        for i, locked in enumerate(ordered):
+            source, _ = _open_locked(stack, locked.path, locked.sha256)
+            try:
+                planned = _plan(source, scheme, i)
+            except (InstallerError, ValueError, KeyError) as error:
+                raise BuildFailure(f"{Path(locked.path).name}: cannot be installed: {error}") from None
+            # The same file in two wheels (the CUDA 12 wheels' empty nvidia/__init__.py) is one file,
+            # whichever pip wrote last; different files under one path would make the install order matter.
+            for path in sorted(planned.entries.keys() & files.keys()):
+                if planned.digests[path] != digests[path] or planned.entries[path].mode != files[path].mode:
+                    raise BuildFailure(f"{path}: in both {Path(ordered[origin[path]].path).name} "
+                                       f"and {Path(locked.path).name}, with different content")
+                del planned.entries[path]
+            files.update(planned.entries)
+            digests.update(planned.digests)
+            origin.update(dict.fromkeys(planned.entries, i))
+    return WheelPlan(tuple((Path(w.path).name, w.sha256) for w in ordered),
+                     tuple(files[path] for path in sorted(files, key=canonical.written_order)))
+
+
+def write_planned_layer(layout: Layout, plan: WheelPlan, wheel_dir: Path, epoch: int,
+                        file_digest: Callable[[Path], str] = sha256_file,
+                        directories: Sequence[str] = ()) -> WrittenLayer:
+    """Pass two: the plan's files, read from its wheels in `wheel_dir` (each checked against the plan's
+    sha256 first), as one canonical tar with every entry at mtime `epoch` (SOURCE_DATE_EPOCH), owned by
+    root; its blob stored in `layout` (or found there: same bytes). `directories` (relative to the
+    image's root, mode 0755) are in the layer too: what the engine leaves in the step's layer besides."""
+    with ExitStack() as stack:
+        archives = [_open_locked(stack, wheel_dir / name, sha256, file_digest)[1] for name, sha256 in plan.wheels]
+        with layout.blob_writer() as blob:
+            listing = _write_tar(blob, plan.files, directories, archives, epoch)
+    return WrittenLayer(blob.digest, blob.size, tuple(listing))
 
 
 def write_wheel_layer(layout: Layout, wheels: Sequence[LockedWheel], scheme: VenvScheme,
                       epoch: int) -> WrittenLayer:
-    """One layer holding every file of `wheels` installed into `scheme`, every entry at mtime `epoch`
-    (SOURCE_DATE_EPOCH), owned by root; its blob stored in `layout` (or found there: same bytes)."""
-    with ExitStack() as stack:
-        opened = [_open_locked(stack, wheel) for wheel in wheels]
-        entries: dict[str, _Entry] = {}
-        for i, (source, _) in enumerate(opened):
-            try:
-                planned = _plan(source, scheme, i)
-            except (InstallerError, ValueError, KeyError) as error:
-                raise BuildFailure(f"{Path(wheels[i].path).name}: cannot be installed: {error}") from None
-            if clashes := sorted(planned.keys() & entries.keys()):
-                raise BuildFailure(f"{clashes[0]}: in both {Path(wheels[entries[clashes[0]].wheel].path).name} "
-                                   f"and {Path(wheels[i].path).name}")
-            entries.update(planned)
-        with layout.blob_writer() as blob:
-            _write_tar(blob, entries, [archive for _, archive in opened], epoch)
-    return WrittenLayer(blob.digest, blob.size, len(entries))
+    """Both passes, for wheels that lie in one directory."""
+    directories = {Path(wheel.path).parent for wheel in wheels}
+    if len(directories) != 1:
+        raise UserError(f"the wheels of one layer must lie in one directory, not {len(directories)}")
+    return write_planned_layer(layout, plan_layer(wheels, scheme), directories.pop(), epoch)
 
 
-def _write_tar(sink, entries: dict[str, _Entry], archives: list[zipfile.ZipFile], epoch: int) -> None:
+def _write_tar(sink, files: Sequence[PlannedFile], directories: Sequence[str], archives: list[zipfile.ZipFile],
+               epoch: int) -> list[layer_listing.Row]:
     written_dirs: set[str] = set()
+    listing: list[layer_listing.Row] = []
+    entries = sorted([*((f.path, f) for f in files), *((d, None) for d in directories)],
+                     key=lambda entry: canonical.written_order(entry[0]))
     with tarfile.TarFile(fileobj=sink, mode="w", format=tarfile.PAX_FORMAT, encoding="utf-8",
                          copybufsize=_CHUNK) as tar:
-        for path in sorted(entries, key=canonical.written_order):
+        for path, planned in entries:
             parts = path.split("/")
-            for depth in range(1, len(parts)):
+            for depth in range(1, len(parts) + (planned is None)):
                 directory = "/".join(parts[:depth])
                 if directory not in written_dirs:
                     written_dirs.add(directory)
                     tar.addfile(_header(directory, tarfile.DIRTYPE, _DIRECTORY_MODE, 0, epoch))
-            entry = entries[path]
-            header = _header(path, tarfile.REGTYPE, entry.mode, entry.size, epoch)
-            if entry.data is not None:
-                tar.addfile(header, io.BytesIO(entry.data))
+                    listing.append((layer_listing.absolute(directory), "dir", ""))
+            if planned is None:
                 continue
-            with archives[entry.wheel].open(entry.member) as stream:
+            header = _header(planned.path, tarfile.REGTYPE, planned.mode, planned.size, epoch)
+            listing.append((layer_listing.absolute(planned.path), "file", ""))
+            if planned.data is not None:
+                tar.addfile(header, io.BytesIO(planned.data))
+                continue
+            with archives[planned.wheel].open(planned.member) as stream:
                 tar.addfile(header, stream)  # zipfile checks the member's CRC as it is read
+    return listing
 
 
 def _header(name: str, kind: bytes, mode: int, size: int, epoch: int) -> tarfile.TarInfo:

@@ -29,7 +29,7 @@ from builder.patches import patch_series
 from builder.render import compose
 from builder.runtime import flashinfer_bake
 from builder.paths import (DEBS_CONTEXT_DIR, DEBS_MOUNT, RUNTIME_HOME, RUNTIME_UID, RUNTIME_USER, TOOLS_DIR, VENV,
-                           WHEELS_CONTEXT_DIR, WHEELS_MOUNT, Project, stack_dir)
+                           WHEELS_CONTEXT_DIR, WHEELS_MOUNT, Project, stack_dir, wheel_plan_file)
 
 LABEL_PREFIX = "dev.sglang-builder"
 GROUP_FILES = {"torch": "10-torch.txt", "kernels": "20-kernels.txt", "sglang": "30-sglang.txt"}
@@ -197,7 +197,7 @@ def render_stack(stack: Stack, project: Project, resolution_of: ResolutionSource
         tools=TOOLS_DIR,
         user={"name": RUNTIME_USER, "id": RUNTIME_UID, "home": RUNTIME_HOME},
         site_packages=site_packages(stack),
-        groups=[{"name": g, "file": GROUP_FILES[g], "title": GROUP_TITLES[g]} for g in GROUP_ORDER],
+        groups=[{"name": g, "plan": wheel_plan_file(g), "title": GROUP_TITLES[g]} for g in GROUP_ORDER],
         patch_runs=patch_runs(patches, bake),
         bake=bake,
         created=created,

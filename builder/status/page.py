@@ -215,7 +215,7 @@ def _bench_figure(number: int, row: Row, stack: Stack, history: tuple[BenchPoint
 
 
 def step_label(step: str) -> str:
-    """A layer's creating step in at most 40 characters: `pip install 10-torch.txt`, `COPY runtime/`."""
+    """A layer's creating step in at most 40 characters: `install torch wheels`, `COPY runtime/`."""
     text = _step_words(step)
     return text if len(text) <= 40 else text[:39] + "…"
 
@@ -232,8 +232,13 @@ def _step_words(step: str) -> str:
         words = [str(word) for word in json.loads(text)] if text.startswith("[") else []
     except ValueError:
         words = []
-    if "-r" in words[:-1]:
+    if "-r" in words[:-1]:  # images from before the builder wrote the wheel layers
         return "pip install " + words[words.index("-r") + 1].rsplit("/", 1)[-1]
+    tool = next((i for i, word in enumerate(words) if word.endswith("/install_wheels.py")), None)
+    if tool is not None and words[tool + 1:tool + 2] == ["install"] and len(words) > tool + 2:
+        return "install " + words[tool + 2].rsplit("/", 1)[-1].removesuffix(".plan.json") + " wheels"
+    if tool is not None and words[tool + 1:tool + 2] == ["compile"]:
+        return "compile site-packages"
     if any(word.endswith("apply_patch.py") for word in words):
         return "patch " + words[-1].rsplit("/", 1)[-1].removesuffix(".patch")
     return " ".join(words) or text
