@@ -281,7 +281,7 @@ def test_extension_against_another_torch_is_caught(built, tmp_path):
     _, report = built
     # The image's venv has no pip (the builder installs its wheels): the derived image adds it first.
     steps = ('RUN ["/opt/venv/bin/python", "-m", "ensurepip"]\n'
-             'RUN --mount=type=secret,id=cacert ["/opt/venv/bin/pip", "install", "--cert", '
+             'RUN --mount=type=secret,id=cacert ["/opt/venv/bin/python", "-m", "pip", "install", "--cert", '
              '"/run/secrets/cacert", "--no-deps", "torch==2.13.0"]')
     image = _derived(report["tags"][1], tmp_path, "torch", steps)
     result = smoke_gate.run_in_image(image, only=["versions", "abi"])
