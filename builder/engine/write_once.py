@@ -3,7 +3,8 @@
 One buildah working container on the base runs every step that needs the image's own programs
 (`buildah run --network none`) and receives every COPY (`buildah copy`); after each step the
 builder reads what changed through `buildah mount` and writes it as one canonical layer into an OCI
-layout (builder/oci/tree_layer.py). The engine never commits a layer and never exports one; the config
+layout (builder/oci/tree_layer.py). The wheel groups' install steps are not run: their layers are
+written from the groups' plans straight from the wheels (builder/oci/wheel_layer.py). The engine never commits a layer and never exports one; the config
 and history are the builder's, from the Dockerfile (builder/oci/dockerfile_plan.py), in the form the
 canonical export gives an engine-built image, so both paths name one image by one id. The finished
 layout is imported into buildah's storage (`buildah pull oci:`), where the smoke checks, tags and
@@ -173,7 +174,7 @@ def _planned_install(step: dockerfile_plan.Step, context_dir: Path) -> tuple[Pat
     found = []
     for in_image in step.argv[5:]:
         for source, target in step.mounts:
-            if posixpath.normpath(in_image) == in_image and in_image.startswith(target + "/") or in_image == target:
+            if in_image == target or (posixpath.normpath(in_image) == in_image and in_image.startswith(target + "/")):
                 found.append(context_dir / source / in_image[len(target):].lstrip("/"))
                 break
         else:
@@ -278,10 +279,12 @@ def step_keys(plan: dockerfile_plan.Plan, base_id: str, epoch: int, context_dir:
 def write_image(buildah: Sequence[str], request: BuildRequest, partial: PartialImages,
                 cache: step_cache.StepCache, memo: step_cache.DigestMemo,
                 progress: ProgressCallback | None = None, seen: Callable[[str], Path] = Path) -> WrittenImage:
-    """Every step of `request`'s Dockerfile that the cache does not hold run, each layer written once
-    into `partial`'s store. The longest cached prefix of steps is not run: the working container starts on the
-    image of its layers, imported from the store (`partial`, which also imports each layer in the
-    background as it is written). The image's config and layers are in the result. `seen` maps a path `buildah mount` prints to where this process reads it (chrooted.py)."""
+    """Every step of `request`'s Dockerfile that the cache does not hold run (or, for a wheel group,
+    written from its plan), each layer written once into `partial`'s store. The longest cached prefix of
+    steps is not run: the working container starts on the image of its layers, imported from the store
+    (`partial`, which also imports each layer in the background as it is written), and starts again so
+    after a wheel group. The image's config and layers are in the result. `seen` maps a path
+    `buildah mount` prints to where this process reads it (chrooted.py)."""
     started = time.monotonic()
     store, workdir = partial.store, partial.workdir
     plan = dockerfile_plan.parse(request.dockerfile.read_text(), dict(request.build_args))
