@@ -276,3 +276,22 @@ def test_cuda_home_over_the_wheels_links_a_library_for_sm120(compiler_site, tmp_
         assert "libcudart.so.13" in obj.needed
     with elf.ElfFile(str(home / "lib64" / "stubs" / "libcuda.so")) as stub:
         assert stub.soname == "libcuda.so.1"
+
+
+@pytest.mark.network
+def test_the_cuda_home_nvcc_writes_the_same_object_from_two_processes(compiler_site, tmp_path):
+    """The wheel's nvcc writes its pid into the object; the CUDA_HOME's launcher takes it out."""
+    import subprocess
+
+    home = cuda_home.assemble(tmp_path / "cuda", compiler_site / "nvidia" / "cu13")
+    source = tmp_path / "k.cu"
+    source.write_text(toolchain.KERNEL)
+
+    def compiled(nvcc: Path) -> bytes:
+        subprocess.run([str(nvcc), "-arch=sm_120", "-c", str(source), "-o", str(tmp_path / "k.o")],
+                       check=True, capture_output=True)
+        return (tmp_path / "k.o").read_bytes()
+
+    assert compiled(home / "bin" / "nvcc") == compiled(home / "bin" / "nvcc")
+    real = compiler_site / "nvidia" / "cu13" / "bin" / "nvcc"
+    assert compiled(real) != compiled(real)  # the wheel's own nvcc: each run its own pid

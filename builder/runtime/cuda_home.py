@@ -6,6 +6,7 @@ FlashInfer's JIT (flashinfer/jit/cpp_ext.py) expects a toolkit's layout: $CUDA_H
 the wheels, plus the two link-time names the wheels lack: libcudart.so (the wheel has libcudart.so.13
 only) and a stub libcuda.so whose SONAME is the driver's libcuda.so.1, made with the host compiler: what
 a toolkit's lib64/stubs holds, so the driver library the container gets at run time is the one loaded.
+bin/nvcc is a launcher of stable_nvcc.py, so the objects it makes do not depend on nvcc's pid.
 
 Standard library only (runs inside the image).
 """
@@ -13,12 +14,18 @@ Standard library only (runs inside the image).
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
+import sys
 import sysconfig
 from pathlib import Path
 
 WHEEL_ROOT = ("nvidia", "cu13")
-_LINKED = ("bin", "include", "nvvm")
+_LINKED = ("include", "nvvm")
+_LAUNCHER = """#!/bin/sh
+# nvcc with its pid taken out of the objects it writes (stable_nvcc.py)
+exec {python} -I {stable} {nvcc} "$@"
+"""
 
 
 def wheel_toolkit(site_packages: str | None = None) -> Path | None:
@@ -33,6 +40,7 @@ def assemble(target: Path, toolkit: Path, compiler: str = "gcc") -> Path:
     target.mkdir(parents=True, exist_ok=True)
     for name in _LINKED:
         _link(target / name, toolkit / name)
+    _bin(target / "bin", toolkit / "bin")
     lib64 = target / "lib64"
     (lib64 / "stubs").mkdir(parents=True, exist_ok=True)
     for entry in sorted((toolkit / "lib").iterdir()):
@@ -48,6 +56,25 @@ def assemble(target: Path, toolkit: Path, compiler: str = "gcc") -> Path:
         os.replace(partial, stub)
         source.unlink()
     return target
+
+
+def _bin(path: Path, tools: Path) -> None:
+    """bin/: a link to each of the wheel's tools but nvcc, and nvcc's launcher."""
+    if path.is_symlink():
+        path.unlink()  # a CUDA_HOME assembled before the launcher linked bin/ whole
+    path.mkdir(exist_ok=True)
+    for entry in sorted(tools.iterdir()):
+        if entry.name != "nvcc":
+            _link(path / entry.name, entry)
+    launcher = _LAUNCHER.format(python=shlex.quote(sys.executable),
+                                stable=shlex.quote(str(Path(__file__).with_name("stable_nvcc.py"))),
+                                nvcc=shlex.quote(str(tools / "nvcc")))
+    nvcc = path / "nvcc"
+    if nvcc.is_symlink() or not nvcc.is_file() or nvcc.read_text() != launcher:
+        partial = nvcc.with_name("nvcc.partial")
+        partial.write_text(launcher)
+        partial.chmod(0o755)
+        os.replace(partial, nvcc)
 
 
 def _link(path: Path, to: Path) -> None:

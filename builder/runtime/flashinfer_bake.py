@@ -85,10 +85,11 @@ def workspace_base(stack: dict) -> Path:
 
 def build_environment(stack: dict, home: Path) -> dict[str, str]:
     env = dict(os.environ)
-    # MAX_JOBS=1: nvcc names its temporary files after its process id and writes that name into the
-    # object; one job at a time in the step's fresh pid namespace makes the ids, so the bytes, the same
-    # on every build.
-    env.update(CUDA_HOME=str(home), FLASHINFER_CUDA_ARCH_LIST=arch_list(stack), MAX_JOBS="1",
+    # No MAX_JOBS: ninja runs as many jobs as it likes. nvcc writes its pid into each object, but the
+    # CUDA_HOME's nvcc rewrites it (stable_nvcc.py), and the logs are sorted (ninja_logs), so neither the
+    # pids nor the order jobs finish in reach the bytes.
+    env.pop("MAX_JOBS", None)
+    env.update(CUDA_HOME=str(home), FLASHINFER_CUDA_ARCH_LIST=arch_list(stack),
                FLASHINFER_WORKSPACE_BASE=str(workspace_base(stack)), PATH=f"{home / 'bin'}:{env.get('PATH', '')}")
     return env
 
