@@ -235,25 +235,11 @@ def test_an_image_is_written_with_deterministic_json(tmp_path):
 def test_two_wheels_that_write_one_path_are_refused_unless_it_is_the_same_file(wheels, tmp_path):
     """The CUDA 12 wheels each carry the same empty nvidia/__init__.py: one file in the layer. A path two
     wheels write with different bytes is refused (pip's install order would decide it)."""
-    import zipfile
-
     six = next(path for path in wheels if path.name.startswith("six-"))
     scheme = VenvScheme("/opt/venv", "3.11", "/opt/venv/bin/python")
 
     def wheel_with(directory: str, shared: bytes) -> Path:
-        name = f"{directory}-1.0-py3-none-any.whl"
-        path = tmp_path / directory / name
-        path.parent.mkdir()
-        dist_info = f"{directory}-1.0.dist-info"
-        files = {"nvidia/__init__.py": shared, f"nvidia/{directory}/x.py": b"x = 1\n",
-                 f"{dist_info}/METADATA": f"Metadata-Version: 2.1\nName: {directory}\nVersion: 1.0\n".encode(),
-                 f"{dist_info}/WHEEL": b"Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
-        record = "".join(f"{n},sha256={base64.urlsafe_b64encode(hashlib.sha256(d).digest()).rstrip(b'=').decode()},"
-                         f"{len(d)}\n" for n, d in files.items()) + f"{dist_info}/RECORD,,\n"
-        with zipfile.ZipFile(path, "w") as archive:
-            for member, data in {**files, f"{dist_info}/RECORD": record.encode()}.items():
-                archive.writestr(member, data)
-        return path
+        return _made_wheel(tmp_path, directory, {"nvidia/__init__.py": shared, f"nvidia/{directory}/x.py": b"x = 1\n"})
 
     one, two, other = wheel_with("one", b""), wheel_with("two", b""), wheel_with("other", b"# not empty\n")
     plan = plan_layer(_locked([one, two]), scheme)
@@ -268,6 +254,53 @@ def test_two_wheels_that_write_one_path_are_refused_unless_it_is_the_same_file(w
     copy.parent.mkdir()
     copy.write_bytes(six.read_bytes())
     assert plan_layer(_locked([six, copy]), scheme).files == plan_layer(_locked([six]), scheme).files
+
+
+def _record_value(data: bytes) -> str:
+    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+
+def _made_wheel(root: Path, distribution: str, files: dict[str, bytes], recorded: dict[str, str] | None = None) -> Path:
+    """A wheel of `files` under `root`/`distribution`; RECORD gives each file's true hash unless `recorded`
+    says what to write instead ("" for none)."""
+    import zipfile
+
+    path = root / distribution / f"{distribution}-1.0-py3-none-any.whl"
+    path.parent.mkdir()
+    dist_info = f"{distribution}-1.0.dist-info"
+    files = {**files, f"{dist_info}/METADATA": f"Metadata-Version: 2.1\nName: {distribution}\nVersion: 1.0\n".encode(),
+             f"{dist_info}/WHEEL": b"Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    hashes = {name: _record_value(data) for name, data in files.items()} | (recorded or {})
+    record = "".join(f"{n},{hashes[n]},{len(d)}\n" for n, d in files.items()) + f"{dist_info}/RECORD,,\n"
+    with zipfile.ZipFile(path, "w") as archive:
+        for member, data in {**files, f"{dist_info}/RECORD": record.encode()}.items():
+            archive.writestr(member, data)
+    return path
+
+
+def test_a_file_is_planned_on_records_word_and_checked_as_it_is_written(tmp_path):
+    """The plan takes a member's hash from the wheel's RECORD without decompressing it; writing the layer
+    hashes it as it streams, so a RECORD that lies fails the layer and stores no blob. A member RECORD
+    gives no hash for is hashed while planning, and the layer's RECORD has its true hash either way."""
+    scheme = VenvScheme("/opt/venv", "3.11", "/opt/venv/bin/python")
+    honest = _made_wheel(tmp_path, "honest", {"honest/a.py": b"a = 1\n", "honest/b.py": b"b = 2\n"},
+                         {"honest/b.py": ""})
+    plan = plan_layer(_locked([honest]), scheme)
+    by_name = {f.path.rsplit("site-packages/", 1)[-1]: f for f in plan.files}
+    assert by_name["honest/a.py"].sha256 == hashlib.sha256(b"a = 1\n").hexdigest()
+    assert by_name["honest/b.py"].sha256 is None and by_name["honest/b.py"].member == "honest/b.py"
+    record = by_name["honest-1.0.dist-info/RECORD"].data.decode()
+    assert f"honest/b.py,{_record_value(b'b = 2' + bytes([10]))},6" in record
+    assert WheelPlan.from_json(plan.to_json(), "plan") == plan
+    layout = Layout.create(tmp_path / "layout")
+    write_planned_layer(layout, plan, honest.parent, EPOCH)
+    liar = _made_wheel(tmp_path, "liar", {"liar/a.py": b"a = 1\n"}, {"liar/a.py": _record_value(b"a = 2\n")})
+    lying = plan_layer(_locked([liar]), scheme)
+    before = sorted(layout.blobs.iterdir())
+    with pytest.raises(BuildFailure, match=r"^liar-1.0-py3-none-any.whl: liar/a.py has sha256 [0-9a-f]{64}, its "
+                                           r"RECORD says [0-9a-f]{64}; not installed$"):
+        write_planned_layer(layout, lying, liar.parent, EPOCH)
+    assert sorted(layout.blobs.iterdir()) == before
 
 
 def test_comparing_a_layout_whose_config_is_damaged_says_so(tmp_path):

@@ -9,20 +9,25 @@ or 0755 (the zip's executable bit), INSTALLER, REQUESTED, and RECORD with pip's 
 to site-packages, sorted, CRLF). INSTALLER names this builder, not pip: the one file that differs.
 
 Two passes per layer, because a canonical tar is sorted and RECORD (which sorts inside site-packages)
-can only be written once every file's hash is known: the first pass runs `installer` and hashes each
-file as it is decompressed, keeping only paths, sizes, hashes and the small generated files; the
-second writes the tar in order, streaming each file from the zip into the tar (the zip gives its size
-up front) with no copy on disk. A file `installer` rewrote (a script's shebang) is held in memory.
+can only be written once every file's hash is known: the first pass runs `installer` and keeps only
+paths, sizes, hashes and the small generated files; the second writes the tar in order, streaming each
+file from the zip into the tar (the zip gives its size up front) with no copy on disk. A file
+`installer` rewrote (a script's shebang) is held in memory. The first pass takes a file's hash from
+the wheel's own RECORD where it gives one (decompressing a wheel is most of the pass's time), and the
+second checks it as the file streams by: a RECORD that lies fails the layer. A file RECORD gives no
+sha256 for is decompressed and hashed in the first pass.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import csv
 import hashlib
 import io
 import json
 import posixpath
+import re
 import tarfile
 import zipfile
 from collections.abc import Callable, Iterable, Sequence
@@ -34,7 +39,7 @@ from typing import BinaryIO
 from installer import install
 from installer.destinations import WheelDestination
 from installer.exceptions import InstallerError
-from installer.records import Hash, RecordEntry
+from installer.records import Hash, RecordEntry, parse_record_file
 from installer.sources import WheelFile
 from installer.utils import Scheme, fix_shebang
 
@@ -106,6 +111,7 @@ class PlannedFile:
     wheel: int | None = None  # index into WheelPlan.wheels
     member: str | None = None
     data: bytes | None = None
+    sha256: str | None = None  # hex: the wheel's RECORD says so, and writing the layer checks it
 
 
 @dataclass(frozen=True)
@@ -120,7 +126,8 @@ class WheelPlan:
     def to_json(self) -> bytes:
         files = [{"path": f.path, "mode": f.mode, "size": f.size,
                   **({"data": base64.b64encode(f.data).decode("ascii")} if f.data is not None
-                     else {"wheel": f.wheel, "member": f.member})} for f in self.files]
+                     else {"wheel": f.wheel, "member": f.member}),
+                  **({"sha256": f.sha256} if f.sha256 is not None else {})} for f in self.files]
         document = {"format": PLAN_FORMAT, "wheels": [{"file": name, "sha256": sha} for name, sha in self.wheels],
                     "files": files}
         return (json.dumps(document, sort_keys=True, separators=(",", ":")) + "\n").encode()
@@ -135,13 +142,15 @@ class WheelPlan:
             files = tuple(PlannedFile(str(f["path"]), int(f["mode"]), int(f["size"]),
                                       None if "data" in f else int(f["wheel"]),
                                       None if "data" in f else str(f["member"]),
-                                      base64.b64decode(f["data"], validate=True) if "data" in f else None)
+                                      base64.b64decode(f["data"], validate=True) if "data" in f else None,
+                                      None if "sha256" not in f else str(f["sha256"]))
                           for f in document["files"])
         except (ValueError, KeyError, TypeError) as error:
             raise BuildFailure(f"{origin}: not a wheel plan: {error}") from None
         for planned in files:
             if not canonical_path(planned.path) or planned.mode not in (_FILE_MODE, _EXECUTABLE_MODE) or \
-                    (planned.data is None and not 0 <= planned.wheel < len(wheels)):
+                    (planned.data is None and not 0 <= planned.wheel < len(wheels)) or \
+                    (planned.sha256 is not None and not _SHA256_HEX.fullmatch(planned.sha256)):
                 raise BuildFailure(f"{origin}: not a wheel plan: bad entry {planned.path!r}")
         return cls(wheels, files)
 
@@ -151,6 +160,23 @@ def canonical_path(path: str) -> bool:
     return bool(path) and all(part not in ("", ".", "..") for part in path.split("/"))
 
 
+_SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+
+
+def recorded_digests(source: WheelFile) -> dict[str, bytes]:
+    """The sha256 the wheel's RECORD gives each member, where it gives one in a well-formed entry."""
+    found = {}
+    for path, hash_text, _ in parse_record_file(source.read_dist_info("RECORD").splitlines()):
+        name, _, value = hash_text.partition("=")
+        if name != "sha256":
+            continue
+        with contextlib.suppress(ValueError):
+            digest = base64.urlsafe_b64decode(value + "=" * (-len(value) % 4))
+            if len(digest) == 32 and _record_hash(digest).value == value:
+                found[path] = digest
+    return found
+
+
 def _record_hash(data_digest: bytes) -> Hash:
     return Hash("sha256", base64.urlsafe_b64encode(data_digest).decode("ascii").rstrip("="))
 
@@ -158,8 +184,10 @@ def _record_hash(data_digest: bytes) -> Hash:
 class _PlanningDestination(WheelDestination):
     """Pass one: where every file of one wheel goes, with its size and hash; only small files kept."""
 
-    def __init__(self, scheme: VenvScheme, distribution: str, wheel: int) -> None:
+    def __init__(self, scheme: VenvScheme, distribution: str, wheel: int, archive: zipfile.ZipFile,
+                 recorded: dict[str, bytes]) -> None:
         self.scheme, self.distribution, self.wheel = scheme, distribution, wheel
+        self.archive, self.recorded = archive, recorded
         self.entries: dict[str, PlannedFile] = {}
         self.digests: dict[str, bytes] = {}  # each file's sha256, to tell a clash from the same file twice
 
@@ -186,11 +214,18 @@ class _PlanningDestination(WheelDestination):
         member = getattr(stream, "name", None)
         if not isinstance(stream, zipfile.ZipExtFile) or not isinstance(member, str):
             return self._keep(scheme, path, stream.read(), mode)  # INSTALLER, REQUESTED: installer's BytesIO
+        target = self._path(scheme, path)
+        recorded = self.recorded.get(member)
+        if recorded is not None:  # on RECORD's word, checked when the layer is written
+            size = self.archive.getinfo(member).file_size
+            self.entries[target] = PlannedFile(target, mode, size, wheel=self.wheel, member=member,
+                                               sha256=recorded.hex())
+            self.digests[target] = recorded
+            return RecordEntry(path, _record_hash(recorded), size)
         digest, size = hashlib.sha256(), 0
         while chunk := stream.read(_CHUNK):
             digest.update(chunk)
             size += len(chunk)
-        target = self._path(scheme, path)
         self.entries[target] = PlannedFile(target, mode, size, wheel=self.wheel, member=member)
         self.digests[target] = digest.digest()
         return RecordEntry(path, _record_hash(self.digests[target]), size)
@@ -206,8 +241,8 @@ class _PlanningDestination(WheelDestination):
         self._keep(scheme, record_file_path, text.getvalue().encode(), _FILE_MODE)
 
 
-def _plan(wheel: WheelFile, scheme: VenvScheme, index: int) -> _PlanningDestination:
-    destination = _PlanningDestination(scheme, wheel.distribution, index)
+def _plan(wheel: WheelFile, archive: zipfile.ZipFile, scheme: VenvScheme, index: int) -> _PlanningDestination:
+    destination = _PlanningDestination(scheme, wheel.distribution, index, archive, recorded_digests(wheel))
     install(wheel, destination, {"INSTALLER": INSTALLER_NAME, "REQUESTED": b""})
     return destination
 
@@ -239,9 +274,9 @@ def plan_layer(wheels: Sequence[LockedWheel], scheme: VenvScheme) -> WheelPlan:
     origin: dict[str, int] = {}  # which wheel each path comes from (a generated file has no member)
     with ExitStack() as stack:
         for i, locked in enumerate(ordered):
-            source, _ = _open_locked(stack, locked.path, locked.sha256)
+            source, archive = _open_locked(stack, locked.path, locked.sha256)
             try:
-                planned = _plan(source, scheme, i)
+                planned = _plan(source, archive, scheme, i)
             except (InstallerError, ValueError, KeyError) as error:
                 raise BuildFailure(f"{Path(locked.path).name}: cannot be installed: {error}") from None
             # The same file in two wheels (the CUDA 12 wheels' empty nvidia/__init__.py) is one file,
@@ -305,8 +340,24 @@ def _write_tar(sink, files: Sequence[PlannedFile], directories: Sequence[str], a
                 tar.addfile(header, io.BytesIO(planned.data))
                 continue
             with archives[planned.wheel].open(planned.member) as stream:
-                tar.addfile(header, stream)  # zipfile checks the member's CRC as it is read
+                checked = _Checked(stream) if planned.sha256 is not None else None
+                tar.addfile(header, checked or stream)  # zipfile checks the member's CRC as it is read
+            if checked is not None and checked.digest.hexdigest() != planned.sha256:
+                raise BuildFailure(f"{Path(str(archives[planned.wheel].filename)).name}: {planned.member} has sha256 "
+                                   f"{checked.digest.hexdigest()}, its RECORD says {planned.sha256}; not installed")
     return listing
+
+
+class _Checked:
+    """A member's stream, hashed as the tar reads it."""
+
+    def __init__(self, stream: BinaryIO) -> None:
+        self.stream, self.digest = stream, hashlib.sha256()
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.stream.read(size)
+        self.digest.update(data)
+        return data
 
 
 def _header(name: str, kind: bytes, mode: int, size: int, epoch: int) -> tarfile.TarInfo:
