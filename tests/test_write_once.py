@@ -150,6 +150,31 @@ def test_the_same_tree_change_gives_the_same_layer_bytes(tmp_path):
     assert digests[0] == digests[1]
 
 
+def test_a_copy_layer_read_from_its_destination_is_the_whole_walks_layer(tmp_path):
+    """A COPY writes only at its destination, so its layer is read from there and its parents; the
+    layer and the tree's paths after it are what reading the whole tree gives. A link on the way to
+    the destination makes it read the whole tree (the path would lead elsewhere on the host)."""
+    results = []
+    for run, under in (("whole", None), ("under", "opt/builder/runtime"), ("linked", "opt/link/runtime")):
+        root = tmp_path / run / "root"
+        for directory in ("etc", "opt/builder/runtime", "usr/lib"):
+            (root / directory).mkdir(parents=True)
+        (root / "opt" / "link").symlink_to("builder")
+        (root / "opt" / "builder" / "runtime" / "old.py").write_text("old")
+        (root / "usr" / "lib" / "x").write_text("x")
+        before = tree_layer.snapshot(root)
+        since = tree_layer.mark(tmp_path / run)
+        (root / "opt" / "builder" / "runtime" / "tool.py").write_text("tool")
+        (root / "opt" / "builder" / "runtime" / "sub").mkdir()
+        (root / "opt" / "builder" / "runtime" / "sub" / "a.py").write_text("a")
+        (root / "opt" / "builder" / "runtime" / "old.py").unlink()
+        layer, after = tree_layer.write_step_layer(Layout.create(tmp_path / run / "layout"), root, since, before,
+                                                   EPOCH, drop_stubs=False, under=under)
+        results.append((layer.diff_id, after.paths, after.directories.keys()))
+    assert results[0] == results[1] == results[2]
+    assert "usr/lib/x" in results[1][1] and "opt/builder/runtime/old.py" not in results[1][1]
+
+
 TINY = f"""FROM {TEST_BASE_TAG}
 ARG SOURCE_DATE_EPOCH
 COPY data/a.txt /opt/t/a.txt

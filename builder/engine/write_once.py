@@ -231,6 +231,14 @@ class _Config:
         return canonical.canonical_config(self.data, self.diff_ids, self.base_history)
 
 
+def _copied_to(step: dockerfile_plan.Step) -> str | None:
+    """Where a COPY step writes (its destination, relative to the root; the parser makes it absolute):
+    all its layer can hold besides the parents. None for a RUN step, or a COPY to the root itself."""
+    if step.keyword != "COPY":
+        return None
+    return posixpath.normpath(step.destination).strip("/") or None
+
+
 def _run_step(buildah: Sequence[str], container: str, root: Path, step: dockerfile_plan.Step, context_dir: Path,
               config: _Config, args: dict[str, str], progress: ProgressCallback | None) -> None:
     env = {**args, **config.env()}
@@ -344,7 +352,8 @@ def write_image(buildah: Sequence[str], request: BuildRequest, partial: PartialI
                 layer, before = tree_layer.write_step_layer(store, container.root, since, before,
                                                             request.source_date_epoch,
                                                             drop_stubs=step.keyword == "RUN",
-                                                            build_started_ns=build_started)
+                                                            build_started_ns=build_started,
+                                                            under=_copied_to(step))
             cache.record(keys[index], step_cache.CachedLayer(layer.diff_id, layer.size))
             # Listed as written: the smoke gate's view of the image then reads no tar for it.
             layer_listing.keep(layer_listings_dir(), layer.diff_id, list(layer.listing))

@@ -79,6 +79,31 @@ def walk(root: Path) -> Iterator[tuple[str, os.stat_result]]:
                     pending.append(path)
 
 
+def _walk_under(root: Path, top: str) -> Iterator[tuple[str, os.stat_result]]:
+    """`top`'s parents, `top` and everything below it, with their lstat (nothing where `top` is missing)."""
+    try:
+        info = os.lstat(root / top)
+    except FileNotFoundError:
+        return
+    for parent in _parents(top):
+        yield parent, os.lstat(root / parent)
+    yield top, info
+    if stat.S_ISDIR(info.st_mode):
+        for path, below in walk(root / top):
+            yield f"{top}/{path}", below
+
+
+def _plain_path(root: Path, path: str) -> bool:
+    """Whether no part of `path` under `root` is a symbolic link."""
+    for part in [*_parents(path), path]:
+        try:
+            if stat.S_ISLNK(os.lstat(root / part).st_mode):
+                return False
+        except FileNotFoundError:
+            return True
+    return True
+
+
 def snapshot(root: Path) -> Snapshot:
     return _snapshot_of(root, {path: info for path, info in walk(root) if not _is_stub(path, info)})
 
@@ -166,13 +191,16 @@ def _header(root: Path, path: str, info: os.stat_result, epoch: int, link_to: st
 
 
 def write_step_layer(layout: Layout, root: Path, since_ns: int, before: Snapshot, epoch: int,
-                     drop_stubs: bool, build_started_ns: int = 0) -> tuple[WrittenLayer, Snapshot]:
+                     drop_stubs: bool, build_started_ns: int = 0, under: str | None = None) -> tuple[WrittenLayer, Snapshot]:
     """The layer of what changed under `root` since the mark `since_ns`, stored in `layout`, and the
     tree's paths now. `before` is the tree's paths when the step began; `build_started_ns` the mark
-    taken before the working container was made."""
+    taken before the working container was made. `under` (a relative path): the step wrote nothing
+    outside it (a COPY's destination), so only it and its parents are read, not the whole tree."""
+    if under is not None and not _plain_path(root, under):
+        under = None  # a link on the way: where the step wrote is not where the path points on the host
     stats: dict[str, os.stat_result] = {}
     changed: set[str] = set()
-    for path, info in walk(root):
+    for path, info in (walk(root) if under is None else _walk_under(root, under)):
         if _is_stub(path, info):
             # The engine's mount point, made by the first RUN and kept: in no snapshot, so never
             # whited out; in a layer only where a COPY wrote it.
@@ -184,6 +212,10 @@ def write_step_layer(layout: Layout, root: Path, since_ns: int, before: Snapshot
         if info.st_ctime_ns >= since_ns or path not in before.paths:
             changed.add(path)
     now = _snapshot_of(root, {path: info for path, info in stats.items() if not _is_stub(path, info)})
+    if under is not None:  # what was not read is as it was
+        outside = {path for path in before.paths if path != under and not path.startswith(under + "/")}
+        now = Snapshot(now.paths | outside, {**{path: inode for path, inode in before.directories.items()
+                                                if path in outside}, **now.directories})
     # A directory removed and made again during the step is opaque: nothing below it comes from the
     # layers under it, so its old contents need no whiteouts.
     opaque = {path for path in now.directories if path in before.directories and path in changed
