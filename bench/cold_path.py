@@ -23,6 +23,9 @@ the patch change makes a new id, so its checks run.
   bare_engine   `buildah build` alone of the same Dockerfile and context, empty storage, wheels in place;
                 its image's canonical form is compared with the builder's (engine_path)
 
+peak_memory_staging_bytes is the peak of the memory filesystem's use over its start: where the builder
+stages an import's layers when they fit (builder/engine/staging.py), in neither peak_disk_bytes nor
+bytes_written.
 bytes_written is the I/O accounting (write_bytes) of the build's whole process tree: this process is
 its subreaper, so every descendant's writes (buildah, runc, pip, podman, conmon) are added to ours
 when it is reaped. The breakdown splits them at the engine's output lines (each step; its install's
@@ -54,6 +57,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from builder.build_stack import build, context  # noqa: E402
 from builder.cache import wheel_cache  # noqa: E402
 from builder.config.matrix import load_matrix  # noqa: E402
+from builder.engine import staging  # noqa: E402
 from builder.engine.buildah import BuildahEngine  # noqa: E402
 from builder.engine.progress import Progress  # noqa: E402
 from builder.lock import build_report  # noqa: E402
@@ -149,6 +153,8 @@ class PeakDisk:
         self.mount, self.baseline, self.peak = mount, used_bytes(mount), 0
         self.temporary = Path(os.environ.get("TMPDIR", mount))
         self.temporary_peak = 0
+        # The builder stages an import's layers on the memory filesystem when they fit (staging.py).
+        self.memory_baseline, self.memory_peak = used_bytes(staging.MEMORY_FS), 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
 
@@ -157,6 +163,7 @@ class PeakDisk:
             self.peak = max(self.peak, used_bytes(self.mount) - self.baseline)
             if not self.temporary.is_relative_to(self.mount):
                 self.temporary_peak = max(self.temporary_peak, used_bytes(self.temporary))
+            self.memory_peak = max(self.memory_peak, used_bytes(staging.MEMORY_FS) - self.memory_baseline)
 
     def __enter__(self) -> PeakDisk:
         self._thread.start()
@@ -231,7 +238,7 @@ def measured(argv: list[str], env: dict[str, str], mount: Path) -> dict:
     if returncode != 0:
         raise SystemExit(f"{' '.join(argv[:4])}... failed (exit {returncode}):\n{''.join(tail)}")
     return {"wall_s": round(wall, 1), "bytes_written": total, "peak_disk_bytes": disk.peak, "tail": tail,
-            "peak_memory_tmpdir_bytes": disk.temporary_peak,
+            "peak_memory_tmpdir_bytes": disk.temporary_peak, "peak_memory_staging_bytes": disk.memory_peak,
             "largest_writes": sorted((p for p in parts if p["bytes"] > 50_000_000), key=lambda p: -p["bytes"])}
 
 
@@ -296,6 +303,7 @@ def write_results(stack, args, runs: dict[str, list[dict]], wheel_bytes: list[in
         "patch_change_again_s": of("patch_change_again"),
         "image_bytes": of("cold", "image_bytes"), "wheel_bytes": figure(wheel_bytes) if wheel_bytes else None,
         "peak_disk_bytes": of("cold", "peak_disk_bytes"), "bytes_written": of("cold", "bytes_written"),
+        "peak_memory_staging_bytes": of("cold", "peak_memory_staging_bytes"),
         "docker_copy_bytes": of("cold", "docker_copy_bytes"),
         "runs_detail": {name: [{k: v for k, v in run.items() if k != "tail"} for run in found]
                         for name, found in runs.items()},

@@ -175,6 +175,51 @@ def test_a_copy_layer_read_from_its_destination_is_the_whole_walks_layer(tmp_pat
     assert "usr/lib/x" in results[1][1] and "opt/builder/runtime/old.py" not in results[1][1]
 
 
+@pytest.mark.engine
+def test_the_import_gives_buildah_the_staging_directory(tmp_path, monkeypatch):
+    """buildah pull stages each blob under $TMPDIR before it applies it: the import hands it the staging
+    environment (staging.py), shown here with a directory that does not exist, which buildah refuses."""
+    import contextlib
+    import hashlib
+    import io
+
+    from builder.engine import staging
+
+    data = b"staged\n"
+    tar_bytes = io.BytesIO()
+    with tarfile.open(fileobj=tar_bytes, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        info = tarfile.TarInfo("staged.txt")
+        info.size, info.mtime = len(data), EPOCH
+        tar.addfile(info, io.BytesIO(data))
+    store = Layout.create(tmp_path / "layout")
+    layer = store.write_blob(tar_bytes.getvalue())
+    config = json.dumps({"architecture": "amd64", "os": "linux",
+                         "rootfs": {"type": "layers", "diff_ids": [layer.digest]}}, sort_keys=True).encode()
+    layers = [{"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": layer.digest, "size": layer.size}]
+    asked = []
+
+    @contextlib.contextmanager
+    def nowhere(need_bytes, memory_fs=None):
+        asked.append(need_bytes)
+        yield {**os.environ, "TMPDIR": str(tmp_path / "no-such-directory")}
+
+    monkeypatch.setattr(staging, "staging_environment", nowhere)
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    with pytest.raises(BuildFailure, match="no-such-directory"):
+        write_once.import_image(["buildah"], store, config, layers, workdir, "localhost/staging-probe:1")
+    with pytest.raises(BuildFailure, match="no-such-directory"):
+        write_once.import_image(["buildah"], store, config, layers, workdir, "localhost/staging-probe:1",
+                                stored={layer.digest})
+    assert asked == [layer.size, 0]  # a layer the storage holds is not counted as staged
+    monkeypatch.undo()
+    try:
+        assert write_once.import_image(["buildah"], store, config, layers, workdir,
+                                       "localhost/staging-probe:1") == "sha256:" + hashlib.sha256(config).hexdigest()
+    finally:
+        subprocess.run(["buildah", "rmi", "localhost/staging-probe:1"], capture_output=True)
+
+
 TINY = f"""FROM {TEST_BASE_TAG}
 ARG SOURCE_DATE_EPOCH
 COPY data/a.txt /opt/t/a.txt

@@ -77,10 +77,11 @@ def _stop(process: subprocess.Popen) -> None:
         process.wait()
 
 
-def run_quiet(argv: Sequence[str], what: str, cwd: Path | None = None) -> str:
+def run_quiet(argv: Sequence[str], what: str, cwd: Path | None = None, env: Mapping[str, str] | None = None) -> str:
     """Run a short command; return stdout. Raise BuildFailure with its stderr on failure."""
     result = subprocess.run(
-        list(argv), capture_output=True, text=True, stdin=subprocess.DEVNULL, errors="replace", cwd=cwd
+        list(argv), capture_output=True, text=True, stdin=subprocess.DEVNULL, errors="replace", cwd=cwd,
+        env=dict(env) if env is not None else None,
     )
     if result.returncode != 0:
         message = (result.stderr.strip() or result.stdout.strip()).splitlines()

@@ -33,6 +33,7 @@ from pathlib import Path
 from builder.engine.image_names import image_names
 from builder.engine.process import run_quiet, run_streaming
 from builder.engine.protocol import BuildRequest, ProgressCallback
+from builder.engine import staging
 from builder.errors import BuildFailure
 from builder.files import TEMP_SUFFIX
 from builder.oci import canonical
@@ -122,7 +123,7 @@ def sweep_leftovers(buildah: Sequence[str], store: Layout, workdir: Path) -> lis
             if _dead_owner(name):
                 run_quiet([*buildah, "rmi", name], f"removing the prefix image {name}")
                 swept.append(name)
-    return swept
+    return swept + staging.sweep()
 
 
 def _dead_owner(name: str) -> bool:
@@ -300,6 +301,7 @@ def write_image(buildah: Sequence[str], request: BuildRequest, partial: PartialI
     config = _Config(base_config)
     base_layers = list(config.diff_ids)
     _base_blobs(buildah, plan.base, base_layers, store, workdir)
+    partial.stored.update(base_layers)  # the base is in the storage: the build started from it there
     created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(request.source_date_epoch))
     config.data["created"] = created  # `buildah build --timestamp`: the image's time is the build's
     sizes = {diff_id: store.blob_path(diff_id).stat().st_size for diff_id in base_layers}
@@ -427,11 +429,13 @@ class PartialImages:
         self._wake = threading.Condition()
         self._worker: threading.Thread | None = None
         self._importing = threading.Lock()  # one import at a time: each names the next image
+        self.stored: set[str] = set()  # layers known to be in the storage: not staged again
 
     def import_now(self, config: bytes, layers: list[dict]) -> str:
         with self._importing:
             name = f"{self.stem}:{len(self.names) + 1}"
-            import_image(self.buildah, self.store, config, layers, self.workdir, name)
+            import_image(self.buildah, self.store, config, layers, self.workdir, name, self.stored)
+            self.stored.update(layer["digest"] for layer in layers)
             self.names.append(name)
             return name
 
@@ -510,24 +514,27 @@ def build_into_storage(buildah: Sequence[str], request: BuildRequest, root: Path
         if image_names(buildah, written.image_id):
             run_quiet([*buildah, "tag", written.image_id, request.tags[0]], "buildah tag")
         else:
-            import_image(buildah, store, written.config, written.layers, workdir, request.tags[0])
+            import_image(buildah, store, written.config, written.layers, workdir, request.tags[0], partial.stored)
     finally:
         partial.drop()
     return written
 
 
 def import_image(buildah: Sequence[str], store: Layout, config: bytes, layers: Sequence[dict], workdir: Path,
-                 tag: str) -> str:
+                 tag: str, stored: set[str] | frozenset[str] = frozenset()) -> str:
     """The image of `config` and `layers` (blobs in `store`) into buildah's storage under `tag`, and no
     other name the import gave it; layers the storage holds are reused. Returns the image id.
     The import reads a layout of its own whose blobs are hard links to the store's, so builds that
-    share the store never write one index."""
+    share the store never write one index. The engine stages the layers not in `stored` (the digests
+    known to be in the storage already) in memory where they fit (staging.py)."""
     image_id = digest_of(config)
     before = image_names(buildah, image_id)
-    with linked_layout(store, workdir, [layer["digest"] for layer in layers]) as view:
+    new_bytes = sum(layer["size"] for layer in layers if layer["digest"] not in stored)
+    with linked_layout(store, workdir, [layer["digest"] for layer in layers]) as view, \
+            staging.staging_environment(new_bytes) as env:
         view.write_image(config, list(layers), _REF)
         pulled = run_quiet([*buildah, "pull", "--quiet", f"oci:{view.root.name}:{_REF}"], "importing the image",
-                           cwd=view.root.parent).strip().splitlines()
+                           cwd=view.root.parent, env=env).strip().splitlines()
     got = "sha256:" + (pulled[-1] if pulled else "").removeprefix("sha256:")
     if got != image_id:
         raise BuildFailure(f"buildah stored the written image as {got}, expected {image_id}")
