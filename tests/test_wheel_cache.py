@@ -98,6 +98,27 @@ def test_a_tampered_wheel_is_refused_and_never_enters_the_cache(tmp_path, served
     assert [w.name for w in cache.missing(locked)] == ["beta"]  # alpha, which matched, was kept
 
 
+def test_more_wheels_than_parallel_runs_all_arrive_and_a_bad_one_is_named_alone(tmp_path):
+    upstream = tmp_path / "upstream"
+    upstream.mkdir()
+    names = [f"pkg{i}" for i in range(wheel_cache._PARALLEL_DOWNLOADS + 3)]
+    wheels = [make_wheel(upstream, name, "1.0") for name in names]
+    entry = url_entry(wheels)
+    locked_bytes = wheels[-2].read_bytes()
+    wheels[-2].write_bytes(make_wheel(tmp_path, names[-2], "1.0", payload="VALUE = 666\n").read_bytes())
+    cache = wheel_cache.WheelCache(tmp_path / "cache")
+    locked = wheel_cache.locked_wheels(entry)
+
+    with pytest.raises(BuildFailure) as failure:
+        cache.fill(locked, entry.python, "row")
+
+    assert f"1 locked wheels could not be fetched ({names[-2]}==1.0)" in str(failure.value)
+    assert [w.name for w in cache.missing(locked)] == [names[-2]]
+    wheels[-2].write_bytes(locked_bytes)
+    report = cache.fill(locked, entry.python, "row")
+    assert (report.downloaded, cache.missing(locked)) == (1, [])
+
+
 def test_offline_names_the_wheels_the_cache_lacks(tmp_path, served):
     _, entry = served
     cache = wheel_cache.WheelCache(tmp_path / "empty")
