@@ -119,6 +119,31 @@ def test_more_wheels_than_parallel_runs_all_arrive_and_a_bad_one_is_named_alone(
     assert (report.downloaded, cache.missing(locked)) == (1, [])
 
 
+def test_a_checked_wheel_is_not_read_again_for_its_digest_and_a_changed_one_is_refused(tmp_path, served,
+                                                                                         monkeypatch):
+    _, entry = served
+    cache = wheel_cache.WheelCache(tmp_path / "cache")
+    locked = wheel_cache.locked_wheels(entry)
+    cache.fill(locked, entry.python, "row")
+    alpha, beta = (cache.path(wheel) for wheel in locked)
+
+    def unread(path):
+        raise AssertionError(f"{path} read again")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(wheel_cache.content_check, "sha256_file", unread)
+        patched.setattr(wheel_cache, "sha256_file", unread)
+        assert cache.checked_digest(alpha) == locked[0].sha256
+
+    beta.write_bytes(b"Q" + beta.read_bytes()[1:])
+    os.utime(beta, ns=(1, 1))  # same size, another time: its record no longer holds
+    assert cache.checked_digest(beta) != locked[1].sha256
+    assert not beta.exists()
+    outside = tmp_path / "elsewhere.whl"
+    outside.write_bytes(b"x")
+    assert cache.checked_digest(outside) == hashlib.sha256(b"x").hexdigest()
+
+
 def test_offline_names_the_wheels_the_cache_lacks(tmp_path, served):
     _, entry = served
     cache = wheel_cache.WheelCache(tmp_path / "empty")

@@ -39,6 +39,7 @@ def stage_plans(resolution: Resolution, cache: WheelCache, directory: Path) -> N
         plan = kept / f"{_key(scheme, wheels)}.json"
         if not plan.is_file():
             kept.mkdir(parents=True, exist_ok=True)
-            planned = plan_layer([LockedWheel(cache.path(w), w.sha256) for w in wheels], scheme)
+            planned = plan_layer([LockedWheel(cache.path(w), w.sha256) for w in wheels], scheme,
+                                 cache.checked_digest)
             write_atomic(plan, planned.to_json())
         link_or_copy(plan, directory / wheel_plan_file(group))

@@ -93,6 +93,14 @@ class WheelCache:
         """The wheels not here as their sha256 says: absent, or present with other content (removed)."""
         return [wheel for wheel in wheels if not content_check.holds(self.path(wheel), wheel.sha256)]
 
+    def checked_digest(self, path: Path) -> str:
+        """The sha256 of a cached wheel: its key, where its record says the file still hashes to it
+        (content_check.py), so a wheel the fetch has just checked is not read again to plan it."""
+        key = path.parent.name
+        if path.parent.parent != self.root / "sha256":
+            return sha256_file(path)
+        return key if content_check.holds(path, key) else "another file's (removed from the cache)"
+
     def require(self, wheels: tuple[LockedWheel, ...], what: str) -> None:
         """--offline: every wheel must already be here; one line naming what is not."""
         absent = self.missing(wheels)

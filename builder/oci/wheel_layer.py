@@ -264,17 +264,18 @@ def _open_locked(stack: ExitStack, path: Path, sha256: str,
     return source, archive
 
 
-def plan_layer(wheels: Sequence[LockedWheel], scheme: VenvScheme) -> WheelPlan:
+def plan_layer(wheels: Sequence[LockedWheel], scheme: VenvScheme,
+               file_digest: Callable[[Path], str] = sha256_file) -> WheelPlan:
     """Every file `wheels` install into `scheme` (pass one: each member decompressed and hashed once,
     for RECORD); two wheels that write one path with different content are refused. The wheels' order
-    does not matter."""
+    does not matter. `file_digest` may answer from a record of the file's identity (_open_locked)."""
     ordered = sorted(wheels, key=lambda wheel: (Path(wheel.path).name, str(wheel.path)))
     files: dict[str, PlannedFile] = {}
     digests: dict[str, bytes] = {}
     origin: dict[str, int] = {}  # which wheel each path comes from (a generated file has no member)
     with ExitStack() as stack:
         for i, locked in enumerate(ordered):
-            source, archive = _open_locked(stack, locked.path, locked.sha256)
+            source, archive = _open_locked(stack, locked.path, locked.sha256, file_digest)
             try:
                 planned = _plan(source, archive, scheme, i)
             except (InstallerError, ValueError, KeyError) as error:
