@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tarfile
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -357,6 +358,18 @@ def test_directories_the_engine_leaves_are_in_the_layer_in_order(wheels, tmp_pat
 
 
 @pytest.mark.network
+def test_a_layer_stopped_from_another_thread_leaves_no_blob(wheels, tmp_path):
+    plan = plan_layer(_locked(wheels[:1]), SCHEME)
+    layout = Layout.create(tmp_path / "layout")
+    stop = threading.Event()
+    stop.set()
+    with pytest.raises(BuildFailure, match="stopped"):
+        write_planned_layer(layout, plan, wheels[0].parent, EPOCH, stop=stop)
+    assert list(layout.blobs.iterdir()) == []
+    written = write_planned_layer(layout, plan, wheels[0].parent, EPOCH, stop=threading.Event())
+    assert [path.name for path in layout.blobs.iterdir()] == [written.diff_id.removeprefix("sha256:")]
+
+
 def test_the_images_tool_refuses_a_wheel_that_is_not_the_plans(wheels, tmp_path):
     plan = plan_layer(_locked(wheels[:1]), SCHEME)
     (tmp_path / "plan.json").write_bytes(plan.to_json())

@@ -27,6 +27,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -317,18 +318,17 @@ def write_image(buildah: Sequence[str], request: BuildRequest, partial: PartialI
     current = False  # whether the container holds every layer so far
     before: dict = {}
     build_started = 0
+    groups = _GroupWriter(store, request, memo)
     try:
+        for index in range(first_to_run, len(plan.steps)):
+            groups.start(index, plan.steps[index])
         for index in range(first_to_run, len(plan.steps)):
             step = plan.steps[index]
             if _applied_without_layer(plan, step, config, args, created):
                 continue
-            planned = _planned_install(step, request.context_dir)
-            if planned is not None:
-                plan_file, wheel_dir = planned
-                layer = wheel_layer.write_planned_layer(
-                    store, wheel_layer.WheelPlan.from_json(plan_file.read_bytes(), str(plan_file)), wheel_dir,
-                    request.source_date_epoch, lambda path: memo.file_digest(path, path.stat()),
-                    directories=_BIND_MOUNT_LEAVES)
+            layer = groups.written(index)
+            from_plan = layer is not None
+            if from_plan:
                 current = False
             else:
                 if not current:
@@ -366,14 +366,49 @@ def write_image(buildah: Sequence[str], request: BuildRequest, partial: PartialI
             if progress:
                 progress(f"layer {len(config.diff_ids)}: {layer.diff_id} ({layer.size} bytes, "
                          f"{layer.entries} entries) from line {step.line}"
-                         f"{' (written from its wheel plan)' if planned else ''}")
+                         f"{' (written from its wheel plan)' if from_plan else ''}")
     finally:
+        groups.close()
         container.close()
     memo.save()
     data = config.serialised()
     descriptors = tuple(canonical.layer_descriptors(config.diff_ids, sizes))
     return WrittenImage(digest_of(data), data, descriptors, written, reused.layers, bytes_written,
                         round(time.monotonic() - started, 1))
+
+
+class _GroupWriter:
+    """The wheel groups' layers, written on worker threads ahead of the steps that take them: each is
+    read from its plan and its wheels alone, so it waits neither for the steps before it nor for the
+    other groups, and the groups share the cores (zlib, hashing and the writes let go of the GIL)."""
+
+    def __init__(self, store: Layout, request: BuildRequest, memo: step_cache.DigestMemo) -> None:
+        self.store, self.request, self.memo = store, request, memo
+        self.futures: dict[int, Future] = {}
+        self.stop = threading.Event()
+        self.pool = ThreadPoolExecutor(max(1, min(2, os.cpu_count() or 1)), thread_name_prefix="wheel-layer")
+
+    def start(self, index: int, step: dockerfile_plan.Step) -> None:
+        """Begin writing step `index`'s layer if it installs a wheel group."""
+        planned = _planned_install(step, self.request.context_dir)
+        if planned is not None:
+            self.futures[index] = self.pool.submit(self._write, *planned)
+
+    def _write(self, plan_file: Path, wheel_dir: Path) -> tree_layer.WrittenLayer:
+        return wheel_layer.write_planned_layer(
+            self.store, wheel_layer.WheelPlan.from_json(plan_file.read_bytes(), str(plan_file)), wheel_dir,
+            self.request.source_date_epoch, lambda path: self.memo.file_digest(path, path.stat()),
+            directories=_BIND_MOUNT_LEAVES, stop=self.stop)
+
+    def written(self, index: int) -> tree_layer.WrittenLayer | None:
+        """Step `index`'s layer once written, or None for a step that installs no wheel group."""
+        future = self.futures.pop(index, None)
+        return None if future is None else future.result()
+
+    def close(self) -> None:
+        """Stop what is under way (a build that failed elsewhere leaves only temporary blobs, removed)."""
+        self.stop.set()
+        self.pool.shutdown(wait=True, cancel_futures=True)
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ import json
 import posixpath
 import re
 import tarfile
+import threading
 import zipfile
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import ExitStack
@@ -296,15 +297,16 @@ def plan_layer(wheels: Sequence[LockedWheel], scheme: VenvScheme,
 
 def write_planned_layer(layout: Layout, plan: WheelPlan, wheel_dir: Path, epoch: int,
                         file_digest: Callable[[Path], str] = sha256_file,
-                        directories: Sequence[str] = ()) -> WrittenLayer:
+                        directories: Sequence[str] = (), stop: threading.Event | None = None) -> WrittenLayer:
     """Pass two: the plan's files, read from its wheels in `wheel_dir` (each checked against the plan's
     sha256 first), as one canonical tar with every entry at mtime `epoch` (SOURCE_DATE_EPOCH), owned by
     root; its blob stored in `layout` (or found there: same bytes). `directories` (relative to the
-    image's root, mode 0755) are in the layer too: what the engine leaves in the step's layer besides."""
+    image's root, mode 0755) are in the layer too: what the engine leaves in the step's layer besides.
+    Once `stop` is set (by another thread) the writing ends, its temporary blob removed."""
     with ExitStack() as stack:
         archives = [_open_locked(stack, wheel_dir / name, sha256, file_digest)[1] for name, sha256 in plan.wheels]
         with layout.blob_writer() as blob:
-            listing = _write_tar(blob, plan.files, directories, archives, epoch)
+            listing = _write_tar(blob, plan.files, directories, archives, epoch, stop or threading.Event())
     return WrittenLayer(blob.digest, blob.size, tuple(listing))
 
 
@@ -318,7 +320,7 @@ def write_wheel_layer(layout: Layout, wheels: Sequence[LockedWheel], scheme: Ven
 
 
 def _write_tar(sink, files: Sequence[PlannedFile], directories: Sequence[str], archives: list[zipfile.ZipFile],
-               epoch: int) -> list[layer_listing.Row]:
+               epoch: int, stop: threading.Event) -> list[layer_listing.Row]:
     written_dirs: set[str] = set()
     listing: list[layer_listing.Row] = []
     entries = sorted([*((f.path, f) for f in files), *((d, None) for d in directories)],
@@ -326,6 +328,8 @@ def _write_tar(sink, files: Sequence[PlannedFile], directories: Sequence[str], a
     with tarfile.TarFile(fileobj=sink, mode="w", format=tarfile.PAX_FORMAT, encoding="utf-8",
                          copybufsize=_CHUNK) as tar:
         for path, planned in entries:
+            if stop.is_set():
+                raise BuildFailure("stopped: the build failed elsewhere")
             parts = path.split("/")
             for depth in range(1, len(parts) + (planned is None)):
                 directory = "/".join(parts[:depth])
