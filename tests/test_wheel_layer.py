@@ -10,6 +10,7 @@ import base64
 import hashlib
 import io
 import os
+import shutil
 import signal
 import stat
 import subprocess
@@ -440,3 +441,39 @@ def test_each_groups_plan_is_made_once_and_kept_by_what_it_is_made_from(wheels, 
         assert one.read_bytes() == two.read_bytes() and one.stat().st_ino == two.stat().st_ino
     sglang = WheelPlan.from_json((tmp_path / "one" / "sglang.plan.json").read_bytes(), "plan")
     assert [name for name, _ in sglang.wheels] == sorted(path.name for path in wheels[2:])
+
+
+def _compiled(root: Path) -> dict[str, bytes]:
+    return {str(path.relative_to(root)): path.read_bytes() for path in sorted(root.rglob("*.pyc"))}
+
+
+def test_the_images_tool_compiles_what_compileall_compiles_and_the_same_bytes_every_time(tmp_path):
+    """`install_wheels.py compile` deals the modules to a fixed number of interpreters: the .pyc files are
+    those compileall.compile_dir writes, with a module that does not compile skipped and a linked
+    directory not entered, and a second run writes the same bytes."""
+    site = tmp_path / "site"
+    for index in range(11):
+        package = site / f"pkg{index % 3}" / f"sub{index}"
+        package.mkdir(parents=True)
+        (package / "__init__.py").write_text(f"VALUE = {{'a': {index}, 'b': frozenset({{'x', 'y'}})}}\n")
+        (package / f"mod{index}.py").write_text(f"def f(self):\n    return self.{'name'} * {index}\n")
+    (site / "broken.py").write_text("def (\n")
+    (site / "notes.txt").write_text("not a module\n")
+    (site / "linked").symlink_to(site / "pkg0")
+    env = {**os.environ, "PYTHONHASHSEED": "0", "SOURCE_DATE_EPOCH": str(EPOCH)}
+
+    def run_tool() -> dict[str, bytes]:
+        done = subprocess.run([sys.executable, "-B", str(TOOL), "compile", str(site)], env=env,
+                              capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        compiled = _compiled(site)
+        for cache in site.rglob("__pycache__"):
+            shutil.rmtree(cache)
+        return compiled
+
+    first, second = run_tool(), run_tool()
+    subprocess.run([sys.executable, "-B", "-c", "import compileall, sys; compileall.compile_dir(sys.argv[1], quiet=2)",
+                    str(site)], env=env, check=True)
+    assert first == second
+    assert set(first) == set(_compiled(site)) and len(first) == 22
+    assert not any(name.startswith(("linked", "broken")) for name in first)

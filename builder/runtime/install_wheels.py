@@ -7,9 +7,11 @@ only: the virtual environment has no pip.
     python -I -B install_wheels.py install PLAN WHEEL_DIR [ROOT]
     python -I -B install_wheels.py compile SITE_PACKAGES
 
-`compile` byte-compiles every module under SITE_PACKAGES in one process, in sorted order, as pip does
-after an install (a file that does not compile is skipped, as pip skips it). One process and one
-order, because marshal's output depends on what else the process holds.
+`compile` byte-compiles every module under SITE_PACKAGES, as pip does after an install (a file that does
+not compile is skipped, as pip skips it), in _SHARES fresh interpreters at once: the modules in
+compileall's order are dealt to them in turn, and each compiles its share in that order. marshal's
+output depends on what else the process holds, so which process compiles a module, and what it
+compiled before, must be the same on every build: the shares are fixed, not the host's core count.
 """
 
 from __future__ import annotations
@@ -20,12 +22,14 @@ import hashlib
 import json
 import os
 import shutil
+import subprocess
 import sys
 import warnings
 import zipfile
 
 _FORMAT = 1
 _MODES = (0o644, 0o755)
+_SHARES = 4  # the .pyc files' bytes depend on it (see above)
 
 
 def _fail(message: str) -> None:
@@ -87,10 +91,44 @@ def install(plan_path: str, wheel_dir: str, root: str = "/") -> None:
         os.chmod(target, entry["mode"])
 
 
+def _modules(directory: str) -> list[str]:
+    """The modules compileall.compile_dir compiles, in its order: names sorted, __pycache__ and linked
+    directories not entered."""
+    found = []
+    for name in sorted(os.listdir(directory)):
+        path = os.path.join(directory, name)
+        if name == "__pycache__":
+            continue
+        if not os.path.isdir(path):
+            if name.endswith(".py"):
+                found.append(path)
+        elif not os.path.islink(path):
+            found.extend(_modules(path))
+    return found
+
+
 def compile_modules(site_packages: str) -> None:
+    """Every module under `site_packages`, dealt to _SHARES interpreters (see above)."""
+    modules = _modules(site_packages)
+    children = []
+    for share in range(_SHARES):
+        child = subprocess.Popen([sys.executable, "-B", os.path.abspath(__file__), "compile-share"],
+                                 stdin=subprocess.PIPE)
+        with child.stdin:  # the child reads its whole share before it compiles
+            child.stdin.write("\0".join(modules[share::_SHARES]).encode("utf-8", "surrogateescape"))
+        children.append(child)
+    failed = sum(child.wait() != 0 for child in children)
+    if failed:
+        _fail(f"compile: {failed} of {_SHARES} shares failed")
+
+
+def compile_share() -> None:
+    """The modules named on stdin (NUL-separated), in that order, in this process."""
+    data = sys.stdin.buffer.read()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a module's SyntaxWarnings, silenced as pip silences them
-        compileall.compile_dir(site_packages, quiet=2, workers=1)
+        for module in data.decode("utf-8", "surrogateescape").split("\0") if data else ():
+            compileall.compile_file(module, quiet=2)
 
 
 def main(argv: list[str]) -> None:
@@ -98,6 +136,8 @@ def main(argv: list[str]) -> None:
         install(*argv[1:])
     elif len(argv) == 2 and argv[0] == "compile":
         compile_modules(argv[1])
+    elif argv == ["compile-share"]:
+        compile_share()
     else:
         _fail("usage: install_wheels.py install PLAN WHEEL_DIR [ROOT] | compile SITE_PACKAGES")
 
