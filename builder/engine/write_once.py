@@ -386,7 +386,7 @@ class _GroupWriter:
         self.store, self.request, self.memo = store, request, memo
         self.futures: dict[int, Future] = {}
         self.stop = threading.Event()
-        self.pool = ThreadPoolExecutor(max(1, min(2, os.cpu_count() or 1)), thread_name_prefix="wheel-layer")
+        self.pool = ThreadPoolExecutor(min(2, os.cpu_count() or 1), thread_name_prefix="wheel-layer")
 
     def start(self, index: int, step: dockerfile_plan.Step) -> None:
         """Begin writing step `index`'s layer if it installs a wheel group."""
