@@ -1,0 +1,134 @@
+"""What the image's trip into the engine's storage costs, against one plain extraction of the same layers:
+the part of a cold write-once build that remains while its container steps and smoke checks need the
+engine's storage (docs/write-once.md, "What remains").
+
+    python bench/import_floor.py [--stack sglang-0.5.23-cu130-local] [--scratch /var/tmp/import-floor]
+
+Reads the image that the row's committed build report names from the write-once layout under
+BUILDER_CACHE (a build of that row must have run on this host). Each figure starts with the page cache
+dropped and writes onto a fresh loop-mounted filesystem of its own (bench/cold_path.py's machinery):
+  read      every layer blob read once: the source side of both others
+  import    the builder's own import (builder/engine/write_once.import_image: `buildah pull oci:`, its
+            staging on the memory filesystem where it fits) into empty storage
+  extract   GNU tar extracting each layer, in order, into one directory: each byte written once
+Writes bench/results/import-floor.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from builder.engine import write_once  # noqa: E402
+from builder.lock import build_report  # noqa: E402
+from builder.oci import canonical  # noqa: E402
+from builder.oci.layout import Layout  # noqa: E402
+from builder.paths import cache_root  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results" / "import-floor.json"
+_CHUNK = 1 << 20
+
+
+def cold_path():
+    spec = importlib.util.spec_from_file_location("cold_path", ROOT / "bench" / "cold_path.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def image_layers(layout: Layout, image_id: str) -> tuple[bytes, list[dict]]:
+    """The image's config and its layer descriptors (uncompressed blobs: digest = diff_id)."""
+    if not layout.has_blob(image_id):
+        raise SystemExit(f"import_floor: {image_id} is not in {layout.root}: build the row on this host first")
+    config = layout.read_blob(image_id)
+    diff_ids = json.loads(config)["rootfs"]["diff_ids"]
+    missing = [diff_id for diff_id in diff_ids if not layout.has_blob(diff_id)]
+    if missing:
+        raise SystemExit(f"import_floor: {len(missing)} of the image's layers are not in {layout.root}")
+    sizes = {diff_id: layout.blob_path(diff_id).stat().st_size for diff_id in diff_ids}
+    return config, list(canonical.layer_descriptors(diff_ids, sizes))
+
+
+def drop_page_cache() -> None:
+    os.sync()
+    Path("/proc/sys/vm/drop_caches").write_text("3\n")
+
+
+def run_part(part: str, layout: Layout, image_id: str, target: Path) -> None:
+    """One figure's work, run as its own process so that its process tree's writes are what is counted."""
+    config, layers = image_layers(layout, image_id)
+    if part == "read":
+        for layer in layers:
+            with layout.blob_path(layer["digest"]).open("rb") as handle:
+                while handle.read(_CHUNK):
+                    pass
+    elif part == "import":
+        target.mkdir(parents=True, exist_ok=True)
+        write_once.import_image(["buildah"], layout, config, layers, target, "localhost/import-floor:probe")
+    elif part == "extract":
+        target.mkdir(parents=True, exist_ok=True)
+        for layer in layers:
+            subprocess.run(["tar", "-x", "--numeric-owner", "-f", str(layout.blob_path(layer["digest"])),
+                            "-C", str(target)], check=True)
+    else:
+        raise SystemExit(f"import_floor: no part {part!r}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--stack", default="sglang-0.5.23-cu130-local")
+    parser.add_argument("--scratch", type=Path, default=Path("/var/tmp/import-floor"))
+    parser.add_argument("--part", help=argparse.SUPPRESS)  # the child's side of one figure
+    parser.add_argument("--target", type=Path, help=argparse.SUPPRESS)
+    # The child's BUILDER_CACHE is the figure's filesystem: it is told where the host's layout is.
+    parser.add_argument("--layout", type=Path, default=cache_root() / "write-once" / "layout", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    layout = Layout(args.layout)
+    image_id = build_report.read(ROOT / "build-reports" / f"{args.stack}.json").image_id
+    if args.part:
+        run_part(args.part, layout, image_id, args.target)
+        return 0
+    _, layers = image_layers(layout, image_id)
+    image_bytes = sum(layer["size"] for layer in layers)
+    bench = cold_path()
+    bench.become_subreaper()
+    figures = {}
+    for part in ("read", "import", "extract"):
+        with bench.loop_filesystem(args.scratch, int(image_bytes * 2.5) + (2 << 30)) as mount:
+            env = bench.environment(mount, args.scratch)
+            drop_page_cache()
+            # The import's hard-linked view of the layout must lie on the layout's own filesystem.
+            target = (args.scratch / "view") if part == "import" else mount / "rootfs"
+            argv = [sys.executable, str(Path(__file__).resolve()), "--stack", args.stack, "--part", part,
+                    "--target", str(target), "--layout", str(layout.root)]
+            try:
+                run = bench.measured(argv, env, mount)
+            finally:
+                if part == "import":
+                    bench.empty_storage(env)
+                    subprocess.run(["rm", "-rf", "--", str(target)], check=False)
+        run.pop("tail")
+        run.pop("largest_writes", None)
+        figures[part] = {**run, "mb_per_s": round(image_bytes / run["wall_s"] / 1e6, 1)}
+        print(f"{part}: {run['wall_s']} s, {run['bytes_written']} bytes written", flush=True)
+    version = subprocess.run(["buildah", "--version"], capture_output=True, text=True, check=True).stdout.split()[2]
+    document = {"stack": args.stack, "image_id": image_id, "image_bytes": image_bytes, "layers": len(layers),
+                "engine": f"buildah {version}", "measured": time.strftime("%Y-%m-%d", time.gmtime()),
+                "cores": os.cpu_count(), **figures,
+                "import_over_extract": round(figures["import"]["wall_s"] / figures["extract"]["wall_s"], 2)}
+    RESULTS.write_text(json.dumps(document, indent=2, sort_keys=True) + "\n")
+    print(json.dumps(document, indent=2, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
