@@ -46,7 +46,7 @@ from installer.utils import Scheme, fix_shebang
 
 from builder.errors import BuildFailure, UserError
 from builder.files import sha256_file
-from builder.oci import canonical, layer_listing
+from builder.oci import canonical, layer_listing, zip_member
 from builder.oci.tree_layer import WrittenLayer
 from builder.oci.layout import Layout
 
@@ -248,10 +248,11 @@ def _plan(wheel: WheelFile, archive: zipfile.ZipFile, scheme: VenvScheme, index:
     return destination
 
 
-def _open_locked(stack: ExitStack, path: Path, sha256: str,
-                 file_digest: Callable[[Path], str] = sha256_file) -> tuple[WheelFile, zipfile.ZipFile]:
-    """The wheel, once its bytes are the lock's. The file stays open while it is read, so what is read
-    is what was checked (`file_digest` may answer from a memo of the file's identity)."""
+def _open_locked(stack: ExitStack, path: Path, sha256: str, file_digest: Callable[[Path], str] = sha256_file
+                 ) -> tuple[WheelFile, zipfile.ZipFile, int]:
+    """The wheel, once its bytes are the lock's, and its open file's descriptor. The file stays open
+    while it is read, so what is read is what was checked (`file_digest` may answer from a memo of the
+    file's identity)."""
     handle = stack.enter_context(Path(path).open("rb"))
     digest = file_digest(Path(path))
     if digest != sha256:
@@ -262,7 +263,7 @@ def _open_locked(stack: ExitStack, path: Path, sha256: str,
         source.dist_info_dir  # noqa: B018  (reading it checks the wheel's name against its .dist-info)
     except (zipfile.BadZipFile, InstallerError, ValueError) as error:
         raise BuildFailure(f"{Path(path).name}: not a readable wheel: {error}") from None
-    return source, archive
+    return source, archive, handle.fileno()
 
 
 def plan_layer(wheels: Sequence[LockedWheel], scheme: VenvScheme,
@@ -276,7 +277,7 @@ def plan_layer(wheels: Sequence[LockedWheel], scheme: VenvScheme,
     origin: dict[str, int] = {}  # which wheel each path comes from (a generated file has no member)
     with ExitStack() as stack:
         for i, locked in enumerate(ordered):
-            source, archive = _open_locked(stack, locked.path, locked.sha256, file_digest)
+            source, archive, _ = _open_locked(stack, locked.path, locked.sha256, file_digest)
             try:
                 planned = _plan(source, archive, scheme, i)
             except (InstallerError, ValueError, KeyError) as error:
@@ -304,7 +305,7 @@ def write_planned_layer(layout: Layout, plan: WheelPlan, wheel_dir: Path, epoch:
     image's root, mode 0755) are in the layer too: what the engine leaves in the step's layer besides.
     Once `stop` is set (by another thread) the writing ends, its temporary blob removed."""
     with ExitStack() as stack:
-        archives = [_open_locked(stack, wheel_dir / name, sha256, file_digest)[1] for name, sha256 in plan.wheels]
+        archives = [_open_locked(stack, wheel_dir / name, sha256, file_digest)[1:] for name, sha256 in plan.wheels]
         with layout.blob_writer() as blob:
             listing = _write_tar(blob, plan.files, directories, archives, epoch, stop or threading.Event())
     return WrittenLayer(blob.digest, blob.size, tuple(listing))
@@ -319,8 +320,8 @@ def write_wheel_layer(layout: Layout, wheels: Sequence[LockedWheel], scheme: Ven
     return write_planned_layer(layout, plan_layer(wheels, scheme), directories.pop(), epoch)
 
 
-def _write_tar(sink, files: Sequence[PlannedFile], directories: Sequence[str], archives: list[zipfile.ZipFile],
-               epoch: int, stop: threading.Event) -> list[layer_listing.Row]:
+def _write_tar(sink, files: Sequence[PlannedFile], directories: Sequence[str],
+               archives: list[tuple[zipfile.ZipFile, int]], epoch: int, stop: threading.Event) -> list[layer_listing.Row]:
     written_dirs: set[str] = set()
     listing: list[layer_listing.Row] = []
     entries = sorted([*((f.path, f) for f in files), *((d, None) for d in directories)],
@@ -344,11 +345,12 @@ def _write_tar(sink, files: Sequence[PlannedFile], directories: Sequence[str], a
             if planned.data is not None:
                 tar.addfile(header, io.BytesIO(planned.data))
                 continue
-            with archives[planned.wheel].open(planned.member) as stream:
+            archive, descriptor = archives[planned.wheel]
+            with zip_member.open_member(archive, descriptor, planned.member) as stream:
                 checked = _Checked(stream) if planned.sha256 is not None else None
-                tar.addfile(header, checked or stream)  # zipfile checks the member's CRC as it is read
+                tar.addfile(header, checked or stream)  # the member's CRC is checked as it is read
             if checked is not None and checked.digest.hexdigest() != planned.sha256:
-                raise BuildFailure(f"{Path(str(archives[planned.wheel].filename)).name}: {planned.member} has sha256 "
+                raise BuildFailure(f"{Path(str(archive.filename)).name}: {planned.member} has sha256 "
                                    f"{checked.digest.hexdigest()}, its RECORD says {planned.sha256}; not installed")
     return listing
 
