@@ -157,6 +157,24 @@ def test_the_merged_view_applies_whiteouts_opaque_directories_and_links(tmp_path
     assert again.listing("/usr/lib") == files.listing("/usr/lib")
 
 
+def test_links_on_the_way_and_at_the_end_resolve_alike_for_every_path_of_a_directory(tmp_path):
+    """Each directory is walked once for all its paths (image_files.resolve): what a path gives must not
+    depend on which path of its directory was asked first."""
+    diff_id, tar = layer(tmp_path, "d", [
+        ("real", "dir"), ("real/f", "file"), ("real/up", "link", "../real"), ("here", "link", "real"),
+        ("last", "link", "real/f"), ("loop1", "link", "loop2"), ("loop2", "link", "loop1")])
+    files = ImageFiles([(diff_id, tar)], tmp_path / "listings")
+    asked = ["/here/f", "/here/up/f", "/here/../real/f", "/last", "/loop1/f", "/loop1"]
+    first = {(path, follow): files.resolve(path, follow) for path in asked for follow in (True, False)}
+    again = ImageFiles([(diff_id, tar)], tmp_path / "listings")
+    for path, follow in reversed(list(first)):
+        assert again.resolve(path, follow) == first[(path, follow)], (path, follow)
+    assert first[("/here/up/f", True)] == ("/real/f", [f"/here->real@{diff_id}", f"/real/up->../real@{diff_id}"])
+    assert first[("/last", False)] == ("/last", [])
+    assert first[("/last", True)] == ("/real/f", [f"/last->real/f@{diff_id}"])
+    assert files.identity("/loop1/f").count("->") == 41  # the kernel's limit, then it gives up
+
+
 # -- when a kept result stands ----------------------------------------------------------------------
 
 PASSED = [smoke_report.passed("versions.torch", "torch 2.9.1")]

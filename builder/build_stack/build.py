@@ -13,6 +13,7 @@ from __future__ import annotations
 import tempfile
 import time
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -233,6 +234,12 @@ def _build_stack(stack: Stack, engine: Engine, progress: Progress, project: Proj
     durations.update(build=result.duration_s, deliver_to_docker=result.deliver_s)
     # `--load`, as buildx: the engine's own answer (None where it builds in the Docker daemon already).
     loader = engine.docker_loader() if load else None
+    sbom_file = sbom.sbom_path(report_path)
+    # The SBOM asks the image itself (two short containers): asked while the smoke checks run, written
+    # only once they pass.
+    asking = ThreadPoolExecutor(1, thread_name_prefix="sbom-inventory")
+    inventory = None if not resmoke and sbom.made_for(sbom_file, stack.name, result.image_id) else \
+        asking.submit(sbom.take_inventory, result.image_id, host.client)
     try:
         for store in (engine, loader) if loader else (engine,):
             immutable.check(store, immutable_tag, result.image_id, result.identity, entry.outcome.image)
@@ -245,6 +252,7 @@ def _build_stack(stack: Stack, engine: Engine, progress: Progress, project: Proj
         engine.tag(candidate, immutable_tag)
         engine.tag(candidate, moving)
     finally:
+        asking.shutdown(wait=True)  # its containers gone before the candidate's name goes
         engine.remove(candidate)
     delivered = result.delivered_bytes
     if loader:
@@ -255,8 +263,8 @@ def _build_stack(stack: Stack, engine: Engine, progress: Progress, project: Proj
                  [immutable_tag, moving])
     if smoked.answers is not None:
         keyed_results.write_committed(committed_reads, smoked.answers)
-    sbom_path = sbom.write_bom(sbom.sbom_path(report_path), stack.name, result.image_id, resolution,
-                               client=host.client, reuse=not resmoke)
+    sbom_path = sbom.write_bom(sbom_file, stack.name, result.image_id, resolution, client=host.client,
+                               reuse=not resmoke, inventory=inventory.result() if inventory else None)
     durations["total"] = round(time.monotonic() - started, 1)
     statement = provenance.statement(
         inputs, image_id=result.image_id, immutable_tag=immutable_tag, engine=engine.name,

@@ -14,6 +14,7 @@ import io
 import json
 import tarfile
 import uuid
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -211,18 +212,29 @@ def sbom_path(report_path: str | Path) -> Path:
     return report_path.with_name(report_path.stem + ".cdx.json")
 
 
+@dataclass(frozen=True)
+class Inventory:
+    """What the image itself says is installed: its Python's distributions and its dpkg packages."""
+    installed: list[tuple]
+    system: list[Component]
+
+
+def take_inventory(image_id: str, client: docker.DockerClient, python: str = VENV_PYTHON) -> Inventory:
+    return Inventory(installed_distributions(image_id, client, python), system_packages(image_id, client))
+
+
 def write_bom(path: Path, stack: str, image_id: str, locked: Resolution,
-              client: docker.DockerClient | None = None, python: str = VENV_PYTHON, reuse: bool = False) -> Path:
-    """SBOM of a built image: what its Python and its dpkg status list, with the lock entry's hashes,
-    groups and base image; returns its path. With `reuse`, an SBOM already made for this image id is
-    kept: the id is the image's content, and the lock entry that made it is in that content (its
-    requirement files), so asking the image again could only repeat the answer."""
+              client: docker.DockerClient | None = None, python: str = VENV_PYTHON, reuse: bool = False,
+              inventory: Inventory | None = None) -> Path:
+    """SBOM of a built image: what its Python and its dpkg status list (`inventory`, taken here when not
+    given), with the lock entry's hashes, groups and base image; returns its path. With `reuse`, an SBOM
+    already made for this image id is kept: the id is the image's content, and the lock entry that made
+    it is in that content (its requirement files), so asking the image again could only repeat the answer."""
     if reuse and made_for(path, stack, image_id):
         return path
-    client = client or docker_client()
-    installed = installed_distributions(image_id, client, python)
-    bom = build_bom(stack, image_id, installed, locked.distributions, locked.source_date_epoch,
-                    system_packages(image_id, client), base_image(locked.base))
+    taken = inventory or take_inventory(image_id, client or docker_client(), python)
+    bom = build_bom(stack, image_id, taken.installed, locked.distributions, locked.source_date_epoch,
+                    taken.system, base_image(locked.base))
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, JsonV1Dot6(bom).output_as_string(indent=2) + "\n")
     return path

@@ -86,6 +86,8 @@ def _base_blobs(buildah: Sequence[str], ref: str, diff_ids: Sequence[str], layou
             with pushed.open_blob(descriptor["digest"], verify=True) as stored:
                 source = gzip.GzipFile(fileobj=stored) if descriptor["mediaType"].endswith("gzip") else stored
                 layout.write_blob_from(source, expected=diff_id)
+            # Listed now, as the layers the build writes are: the smoke gate's view then reads no tar.
+            layer_listing.listing(layout.blob_path(diff_id), diff_id, layer_listings_dir())
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 

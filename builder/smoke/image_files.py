@@ -42,6 +42,10 @@ class ImageFiles:
         for diff_id, tar_path in layers:
             self._apply(diff_id, listing(tar_path, diff_id, listings_dir))
         self._children: dict[str, list[str]] | None = None
+        # Each check's kept run is held to this view path by path, and the checks read many of the same
+        # paths (the interpreter, the stack's packages): each path is resolved once.
+        self._identities: dict[tuple[str, bool], str] = {}
+        self._walked: dict[tuple[str, ...], tuple[str, tuple[str, ...], int, bool]] = {}
 
     def _apply(self, diff_id: str, rows: list[tuple[str, str, str]]) -> None:
         for path, _kind, _target in rows:  # what this layer hides in the layers below
@@ -67,28 +71,50 @@ class ImageFiles:
 
     def resolve(self, path: str, follow_last: bool = True) -> tuple[str, list[str]]:
         """The path a lookup of `path` ends on, and each link followed to get there (with its layer)."""
-        links: list[str] = []
-        pending = [part for part in posixpath.normpath("/" + path).split("/") if part]
-        current = "/"
-        hops = 0
-        while pending:
+        parts = [part for part in posixpath.normpath("/" + path).split("/") if part]
+        if not parts:
+            return "/", []
+        # Where the lookup stands before the last part: the same for every path of one directory, so
+        # walked once. A link on the way there is always followed (the last part is still to come).
+        parent = tuple(parts[:-1])
+        walked = self._walked.get(parent)
+        if walked is None:
+            walked = self._walked[parent] = self._walk("/", (), 0, list(parts), keep=1, follow_last=True)
+        current, links, hops, gave_up = walked
+        if not gave_up:
+            current, links, hops, gave_up = self._walk(current, links, hops, [parts[-1]], keep=0,
+                                                       follow_last=follow_last)
+        return current, list(links)
+
+    def _walk(self, current: str, links: tuple[str, ...], hops: int, pending: list[str], keep: int,
+              follow_last: bool) -> tuple[str, tuple[str, ...], int, bool]:
+        """The lookup from `current` until `keep` parts are left pending: where it stands, the links
+        followed, how many, and whether it gave up on a loop of links (ending where it stood)."""
+        followed = list(links)
+        while len(pending) > keep:
             part = pending.pop(0)
             candidate = posixpath.normpath(posixpath.join(current, part))
             entry = self.entries.get(candidate)
             if entry is not None and entry.kind == "link" and (pending or follow_last):
                 hops += 1
-                links.append(f"{candidate}->{entry.target}@{entry.layer}")
+                followed.append(f"{candidate}->{entry.target}@{entry.layer}")
                 if hops > _MAX_LINKS:
-                    return candidate, links
+                    return candidate, tuple(followed), hops, True
                 base = "/" if entry.target.startswith("/") else current
                 pending = [p for p in entry.target.split("/") if p] + pending
                 current = base
                 continue
             current = candidate
-        return current, links
+        return current, tuple(followed), hops, False
 
     def identity(self, path: str, follow_last: bool = True) -> str:
         """What reading `path` gives, as a comparable string: the layer giving it and the links on the way."""
+        known = self._identities.get((path, follow_last))
+        if known is None:
+            known = self._identities[(path, follow_last)] = self._identity(path, follow_last)
+        return known
+
+    def _identity(self, path: str, follow_last: bool) -> str:
         final, links = self.resolve(path, follow_last)
         entry = self.entries.get(final)
         if entry is None:
