@@ -17,9 +17,9 @@ Writes bench/results/import-floor.json.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -32,17 +32,11 @@ from builder.lock import build_report  # noqa: E402
 from builder.oci import canonical  # noqa: E402
 from builder.oci.layout import Layout  # noqa: E402
 from builder.paths import cache_root  # noqa: E402
+import cold_path as bench  # noqa: E402  (bench/, the script's own folder)
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results" / "import-floor.json"
 _CHUNK = 1 << 20
-
-
-def cold_path():
-    spec = importlib.util.spec_from_file_location("cold_path", ROOT / "bench" / "cold_path.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def image_layers(layout: Layout, image_id: str) -> tuple[bytes, list[dict]]:
@@ -99,7 +93,6 @@ def main() -> int:
         return 0
     _, layers = image_layers(layout, image_id)
     image_bytes = sum(layer["size"] for layer in layers)
-    bench = cold_path()
     bench.become_subreaper()
     figures = {}
     for part in ("read", "import", "extract"):
@@ -115,9 +108,9 @@ def main() -> int:
             finally:
                 if part == "import":
                     bench.empty_storage(env)
-                    subprocess.run(["rm", "-rf", "--", str(target)], check=False)
+                    shutil.rmtree(target, ignore_errors=True)
         run.pop("tail")
-        run.pop("largest_writes", None)
+        run.pop("largest_writes")
         figures[part] = {**run, "mb_per_s": round(image_bytes / run["wall_s"] / 1e6, 1)}
         print(f"{part}: {run['wall_s']} s, {run['bytes_written']} bytes written", flush=True)
     version = subprocess.run(["buildah", "--version"], capture_output=True, text=True, check=True).stdout.split()[2]

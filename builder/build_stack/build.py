@@ -263,8 +263,9 @@ def _build_stack(stack: Stack, engine: Engine, progress: Progress, project: Proj
                  [immutable_tag, moving])
     if smoked.answers is not None:
         keyed_results.write_committed(committed_reads, smoked.answers)
-    sbom_path = sbom.write_bom(sbom_file, stack.name, result.image_id, resolution, client=host.client,
-                               reuse=not resmoke, inventory=inventory.result() if inventory else None)
+    # No inventory: the SBOM already made for this image id stands (sbom.write_bom's `reuse`).
+    sbom_path = sbom_file if inventory is None else \
+        sbom.write_bom(sbom_file, stack.name, result.image_id, resolution, inventory=inventory.result())
     durations["total"] = round(time.monotonic() - started, 1)
     statement = provenance.statement(
         inputs, image_id=result.image_id, immutable_tag=immutable_tag, engine=engine.name,

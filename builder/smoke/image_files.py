@@ -42,9 +42,8 @@ class ImageFiles:
         for diff_id, tar_path in layers:
             self._apply(diff_id, listing(tar_path, diff_id, listings_dir))
         self._children: dict[str, list[str]] | None = None
-        # Each check's kept run is held to this view path by path, and the checks read many of the same
-        # paths (the interpreter, the stack's packages): each path is resolved once.
-        self._identities: dict[tuple[str, bool], str] = {}
+        # Each check's kept run is held to this view path by path: the directories on the way are walked
+        # once for all the paths in them (resolve).
         self._walked: dict[tuple[str, ...], tuple[str, tuple[str, ...], int, bool]] = {}
 
     def _apply(self, diff_id: str, rows: list[tuple[str, str, str]]) -> None:
@@ -109,12 +108,6 @@ class ImageFiles:
 
     def identity(self, path: str, follow_last: bool = True) -> str:
         """What reading `path` gives, as a comparable string: the layer giving it and the links on the way."""
-        known = self._identities.get((path, follow_last))
-        if known is None:
-            known = self._identities[(path, follow_last)] = self._identity(path, follow_last)
-        return known
-
-    def _identity(self, path: str, follow_last: bool) -> str:
         final, links = self.resolve(path, follow_last)
         entry = self.entries.get(final)
         if entry is None:
