@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import io
 import json
+import os
 import re
 import shutil
 from pathlib import Path
@@ -123,3 +125,23 @@ def test_image_without_the_program_is_a_build_failure(docker_client):
 def test_missing_image_is_one_clear_line(capsys, docker_client):
     assert main(["smoke", "localhost/no-such-image:0"]) == 2
     assert capsys.readouterr().err == "builder: error: image localhost/no-such-image:0 not found\n"
+
+
+def test_a_podman_that_does_not_start_fails_the_run_where_it_needs_the_api(tmp_path, monkeypatch):
+    """The service starts beside the build's own work; what stops it is one line at `ready()`, which the
+    build asks for before any tag moves, and leaving the host then raises nothing more."""
+    from builder.engine.buildah import BuildahEngine
+    from builder.engine.progress import Progress
+    from builder.smoke import smoke_host
+
+    stand_in = tmp_path / "podman"
+    stand_in.write_text("#!/bin/sh\necho 'Error: storage is locked by a ghost' >&2\nexit 125\n")
+    stand_in.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    with smoke_host.open_host(BuildahEngine(export_to_docker=False), Progress(io.StringIO(), interactive=False)) \
+            as host:
+        with pytest.raises(UserError, match=r"^podman system service did not start: Error: storage is locked by "
+                                            r"a ghost$"):
+            host.ready()
+        with pytest.raises(UserError, match="did not start"):
+            host.client  # noqa: B018 - the client is behind the same wait

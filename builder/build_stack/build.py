@@ -238,9 +238,11 @@ def _build_stack(stack: Stack, engine: Engine, progress: Progress, project: Proj
     # The SBOM asks the image itself (two short containers): asked while the smoke checks run, written
     # only once they pass.
     asking = ThreadPoolExecutor(1, thread_name_prefix="sbom-inventory")
-    inventory = None if not resmoke and sbom.made_for(sbom_file, stack.name, result.image_id) else \
-        asking.submit(sbom.take_inventory, result.image_id, host.client)
+    inventory = None
     try:
+        host.ready()  # a container API that does not answer fails the run before any tag moves
+        if resmoke or not sbom.made_for(sbom_file, stack.name, result.image_id):
+            inventory = asking.submit(sbom.take_inventory, result.image_id, host.client)
         for store in (engine, loader) if loader else (engine,):
             immutable.check(store, immutable_tag, result.image_id, result.identity, entry.outcome.image)
         smoked = _smoke(stack, entry, result.image_id, candidate, resmoke, progress, durations, host, engine,

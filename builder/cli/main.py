@@ -18,23 +18,25 @@ class Parser(argparse.ArgumentParser):
         raise UserError(f"{message} (see `{self.prog} --help`)")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """Every command's parser; with `argv` naming a command, that command's alone: each command module
+    imports what its command runs, and a no-op build should not pay for the other fourteen."""
     parser = Parser(
         prog="builder",
         description="Reproducible container images for SGLang GPU serving stacks.",
     )
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module_info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
-        if module_info.name.startswith("_"):
-            continue
-        module = importlib.import_module(f"{commands.__name__}.{module_info.name}")
-        module.register(subparsers)
+    names = sorted(m.name for m in pkgutil.iter_modules(commands.__path__) if not m.name.startswith("_"))
+    named = next((arg for arg in argv or () if not arg.startswith("-")), None)
+    for name in [named] if named in names else names:
+        importlib.import_module(f"{commands.__name__}.{name}").register(subparsers)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     try:
-        args = build_parser().parse_args(argv)
+        args = build_parser(argv).parse_args(argv)
         return args.func(args)
     except (UserError, BuildFailure) as error:
         for line in str(error).splitlines():

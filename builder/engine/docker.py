@@ -181,7 +181,7 @@ class DockerEngine:
     @contextlib.contextmanager
     def container_api(self) -> Iterator[ContainerApi]:
         """The daemon that built the image."""
-        yield ContainerApi(self.daemon.client, os.environ.get("DOCKER_HOST", DOCKER_DEFAULT_URL))
+        yield ContainerApi(lambda: self.daemon.client, os.environ.get("DOCKER_HOST", DOCKER_DEFAULT_URL))
 
     def docker_loader(self) -> None:
         return None  # built in the daemon: nothing to load

@@ -14,9 +14,9 @@ import os
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import docker
@@ -30,11 +30,21 @@ START_TIMEOUT_S = 60
 RUNROOT_MAX = 50
 
 
-@dataclass(frozen=True)
 class Service:
-    url: str  # unix:///run/builder/podman-PID.sock
-    pid: int
-    client: docker.DockerClient
+    """A started service: `client()` waits until it answers (once), so the caller's own work overlaps
+    podman's start-up, and a run that never runs a container never waits for it."""
+
+    def __init__(self, url: str, process: subprocess.Popen, log: Path) -> None:
+        self.url, self.pid = url, process.pid  # url: unix:///run/builder/podman-PID.sock
+        self._process, self._log = process, log
+        self._client: docker.DockerClient | None = None
+        self._waiting = threading.Lock()
+
+    def client(self) -> docker.DockerClient:
+        with self._waiting:
+            if self._client is None:
+                self._client = _wait_for(self._process, self.url, self._log)
+            return self._client
 
 
 def storage_args(storage_dir: Path | None) -> list[str]:
@@ -79,8 +89,7 @@ def serve(storage_dir: Path | None) -> Iterator[Service]:
             stdin=subprocess.DEVNULL, stdout=log_stream, stderr=subprocess.STDOUT, start_new_session=True,
         )
     try:
-        client = _wait_for(process, url, log)
-        yield Service(url, process.pid, client)
+        yield Service(url, process, log)
     finally:
         stop(process.pid)
         with contextlib.suppress(ChildProcessError):

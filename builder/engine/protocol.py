@@ -141,9 +141,13 @@ class BuildResult:
 class ContainerApi:
     """A Docker-compatible API where an engine's images run as they are (nothing copied anywhere)."""
 
-    client: docker.DockerClient
+    connect: Callable[[], docker.DockerClient]  # the client once the API answers (a service may still start)
     url: str  # for the watchdog (engine/reaper.py), a process of its own
     service_pid: int | None = None  # a service started for this API, which the watchdog stops too
+
+    @property
+    def client(self) -> docker.DockerClient:
+        return self.connect()
 
 
 class ImageStore(Protocol):

@@ -13,7 +13,7 @@ import contextlib
 import subprocess
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import docker
 import docker.errors
@@ -22,29 +22,44 @@ from builder.engine import leftovers
 from builder.engine.daemon import docker_client
 from builder.engine.ownership import OWNER_LABEL, Owner
 from builder.engine.progress import Progress
-from builder.engine.protocol import Engine
+from builder.engine.protocol import ContainerApi, Engine
 from builder.engine.reaper import DONE
 from builder.errors import UserError
 
 
-@dataclass(frozen=True)
 class SmokeHost:
-    client: docker.DockerClient
-    owner: Owner
+    """The run's container API and owner. What dead runs left is swept beside the build's own work,
+    while the service starts: `ready()` (and the first use of `client`) waits for both."""
+
+    def __init__(self, api: ContainerApi, owner: Owner, sweeping: Future) -> None:
+        self._api, self.owner, self._sweeping = api, owner, sweeping
+
+    def ready(self) -> None:
+        """Raises what stopped the service or the sweep (podman that does not start, say)."""
+        self._sweeping.result()
+
+    @property
+    def client(self) -> docker.DockerClient:
+        self.ready()
+        return self._api.client
 
     def labels(self) -> dict[str, str]:
         return {OWNER_LABEL: self.owner.label()}
 
 
+def _sweep_dead_runs(api: ContainerApi, progress: Progress) -> None:
+    swept = leftovers.sweep(api.client, leftovers.of_dead_runs)
+    if swept:
+        progress.stage(f"removed what earlier runs that died left: {swept.describe()}")
+
+
 @contextlib.contextmanager
 def open_host(engine: Engine, progress: Progress) -> Iterator[SmokeHost]:
     owner = Owner.current()
-    with engine.container_api() as api:
-        swept = leftovers.sweep(api.client, leftovers.of_dead_runs)
-        if swept:
-            progress.stage(f"removed what earlier runs that died left: {swept.describe()}")
+    with engine.container_api() as api, ThreadPoolExecutor(1, thread_name_prefix="leftovers") as sweeper:
+        sweeping = sweeper.submit(_sweep_dead_runs, api, progress)
         with watchdog(api.url, owner, api.service_pid):
-            yield SmokeHost(api.client, owner)
+            yield SmokeHost(api, owner, sweeping)
 
 
 @contextlib.contextmanager
