@@ -11,6 +11,11 @@ dropped and writes onto a fresh loop-mounted filesystem of its own (bench/cold_p
   import    the builder's own import (builder/engine/write_once.import_image: `buildah pull oci:`, its
             staging on the memory filesystem where it fits) into empty storage
   extract   GNU tar extracting each layer, in order, into one directory: each byte written once
+  overlay   the path that would replace the import: the layers below the first container step after
+            the wheel groups (the byte-compile) each extracted into a directory of its own, stacked
+            by overlayfs under a fresh upper directory, that step run there by runc with no network,
+            and its layer written by the builder's writer (builder/oci/tree_layer.py); the layer must
+            be the one the builder's build wrote (same diff_id), and each part is timed
 Writes bench/results/import-floor.json.
 """
 
@@ -20,6 +25,7 @@ import argparse
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import time
@@ -28,6 +34,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from builder.engine import write_once  # noqa: E402
+from builder.oci import dockerfile_plan, tree_layer  # noqa: E402
 from builder.lock import build_report  # noqa: E402
 from builder.oci import canonical  # noqa: E402
 from builder.oci.layout import Layout  # noqa: E402
@@ -57,7 +64,7 @@ def drop_page_cache() -> None:
     Path("/proc/sys/vm/drop_caches").write_text("3\n")
 
 
-def run_part(part: str, layout: Layout, image_id: str, target: Path) -> None:
+def run_part(part: str, stack: str, layout: Layout, image_id: str, target: Path) -> None:
     """One figure's work, run as its own process so that its process tree's writes are what is counted."""
     config, layers = image_layers(layout, image_id)
     if part == "read":
@@ -73,8 +80,119 @@ def run_part(part: str, layout: Layout, image_id: str, target: Path) -> None:
         for layer in layers:
             subprocess.run(["tar", "-x", "--numeric-owner", "-f", str(layout.blob_path(layer["digest"])),
                             "-C", str(target)], check=True)
+    elif part == "overlay":
+        target.mkdir(parents=True, exist_ok=True)
+        print(json.dumps(overlay_step(stack, layout, config, target)), flush=True)
     else:
         raise SystemExit(f"import_floor: no part {part!r}")
+
+
+def first_step_after_groups(plan: dockerfile_plan.Plan) -> int:
+    """The index of the first RUN step after the last wheel group's install step."""
+    groups = [index for index, step in enumerate(plan.steps)
+              if step.keyword == "RUN" and step.argv[1:5] == ("-I", "-B", write_once.INSTALL_TOOL, "install")]
+    if not groups:
+        raise SystemExit("import_floor: the Dockerfile installs no wheel group")
+    return next(index for index in range(groups[-1] + 1, len(plan.steps)) if plan.steps[index].keyword == "RUN")
+
+
+def overlay_step(stack: str, layout: Layout, config: bytes, target: Path) -> dict:
+    """The overlay part (module docstring): returns its timings and whether the layer is the builder's."""
+    data = json.loads(config)
+    diff_ids = data["rootfs"]["diff_ids"]
+    stack_dir = ROOT / "images" / stack
+    epoch = str(build_report.read(ROOT / "build-reports" / f"{stack}.json").source_date_epoch)
+    plan = dockerfile_plan.parse((stack_dir / "Dockerfile").read_text(), {"SOURCE_DATE_EPOCH": epoch})
+    index = first_step_after_groups(plan)
+    layer_steps = [i for i, step in enumerate(plan.steps) if not step.empty_layer]
+    base_layers = len(diff_ids) - len(layer_steps)
+    below = diff_ids[:base_layers + layer_steps.index(index)]
+    expected = diff_ids[len(below)]
+    figures: dict = {"step": plan.steps[index].created_by[-160:], "layers_below": len(below)}
+    started = time.monotonic()
+    trees = []
+    for number, diff_id in enumerate(below):
+        tree = target / "trees" / f"{number}"
+        tree.mkdir(parents=True)
+        subprocess.run(["tar", "-x", "--numeric-owner", "--same-owner", "--same-permissions", "--xattrs",
+                        "--xattrs-include=*", "-f", str(layout.blob_path(diff_id)), "-C", str(tree)], check=True)
+        trees.append(tree)
+    whiteouts = sum(1 for tree in trees for _ in tree.rglob(".wh.*"))
+    if whiteouts:
+        raise SystemExit(f"import_floor: {whiteouts} whiteouts below the step; the overlay part does not convert them")
+    figures["extract_s"] = round(time.monotonic() - started, 1)
+    upper, work, root = target / "upper", target / "work", target / "root"
+    for directory in (upper, work, root):
+        directory.mkdir()
+    lower = ":".join(str(tree) for tree in reversed(trees))
+    subprocess.run(["mount", "-t", "overlay", "overlay", "-o", f"lowerdir={lower},upperdir={upper},workdir={work}",
+                    str(root)], check=True)
+    try:
+        step_env = environment_at(plan, index, data)
+        build_started = tree_layer.mark(target)
+        before = tree_layer.snapshot(root)
+        since = tree_layer.mark(target)
+        ran = time.monotonic()
+        run_in_runc(root, plan.steps[index].argv, step_env, target / "bundle")
+        figures["run_s"] = round(time.monotonic() - ran, 1)
+        writing = time.monotonic()
+        scratch = Layout.create(target / "layout")
+        layer, _ = tree_layer.write_step_layer(scratch, root, since, before, int(epoch), drop_stubs=True,
+                                               build_started_ns=build_started)
+        figures["write_layer_s"] = round(time.monotonic() - writing, 1)
+    finally:
+        subprocess.run(["umount", str(root)], check=True)
+    figures.update(total_s=round(time.monotonic() - started, 1), layer=layer.diff_id, layer_bytes=layer.size,
+                   builder_layer=expected, same_layer_as_builder=layer.diff_id == expected)
+    return figures
+
+
+def environment_at(plan: dockerfile_plan.Plan, index: int, config: dict) -> list[str]:
+    """The step's environment as the builder's RUN gives it: the build arguments, then the image's
+    environment so far (the final one without what ENV steps after the step set)."""
+    later = {key for step in plan.steps[index + 1:] if step.keyword == "ENV" for key, _ in step.pairs}
+    env = dict(item.split("=", 1) for item in config["config"].get("Env") or [])
+    return [f"{k}={v}" for k, v in {**plan.build_args, **{k: v for k, v in env.items() if k not in later}}.items()]
+
+
+def run_in_runc(root: Path, argv: tuple[str, ...], env: list[str], bundle: Path) -> None:
+    """`argv` as root in `root` by runc: the namespaces, mounts, capabilities and limits `buildah run
+    --network none` gives a step (its bundle's config.json, read on 1.28.2), without its /etc/hostname
+    and /run/.containerenv binds, which the canonical layer leaves out anyway."""
+    capabilities = ["CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_FSETID", "CAP_KILL", "CAP_NET_BIND_SERVICE",
+                    "CAP_SETFCAP", "CAP_SETGID", "CAP_SETPCAP", "CAP_SETUID", "CAP_SYS_CHROOT"]
+    spec = {
+        "ociVersion": "1.0.2",
+        "process": {"user": {"uid": 0, "gid": 0}, "args": list(argv), "env": env, "cwd": "/",
+                    "capabilities": {kind: capabilities for kind in ("bounding", "effective", "permitted")},
+                    "rlimits": [{"type": "RLIMIT_NOFILE", "hard": 1024, "soft": 1024},
+                                {"type": "RLIMIT_NPROC", "hard": 32768, "soft": 32768}],
+                    "noNewPrivileges": False},
+        "root": {"path": str(root)},
+        "hostname": "builder",
+        "mounts": [
+            {"destination": "/proc", "type": "proc", "source": "proc", "options": ["nosuid", "noexec", "nodev"]},
+            {"destination": "/dev", "type": "tmpfs", "source": "tmpfs",
+             "options": ["nosuid", "noexec", "strictatime", "mode=755", "size=65536k"]},
+            {"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": ["nosuid", "noexec", "nodev", "ro"]},
+            {"destination": "/dev/pts", "type": "devpts", "source": "devpts",
+             "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"]},
+            {"destination": "/dev/shm", "type": "tmpfs", "source": "shm",
+             "options": ["nosuid", "nodev", "noexec", "mode=1777", "size=65536k"]},
+            {"destination": "/dev/mqueue", "type": "mqueue", "source": "mqueue", "options": ["nosuid", "noexec", "nodev"]},
+        ],
+        "linux": {"namespaces": [{"type": kind} for kind in ("pid", "network", "ipc", "uts", "mount")],
+                  "resources": {"devices": [{"allow": False, "access": "rwm"}]}},
+    }
+    bundle.mkdir()
+    (bundle / "config.json").write_text(json.dumps(spec))
+    subprocess.run(["runc", "run", "--bundle", str(bundle), f"import-floor-{os.getpid()}"], check=True,
+                   stdin=subprocess.DEVNULL)
+    # buildah's RUN binds its /run/.containerenv into the image's /run, which copies that directory up:
+    # its layer always holds `run` (the only entry a first try without this lacked).
+    run = root / "run"
+    if run.is_dir() and not run.is_symlink():
+        os.chmod(run, stat.S_IMODE(os.lstat(run).st_mode))
 
 
 def main() -> int:
@@ -89,13 +207,13 @@ def main() -> int:
     layout = Layout(args.layout)
     image_id = build_report.read(ROOT / "build-reports" / f"{args.stack}.json").image_id
     if args.part:
-        run_part(args.part, layout, image_id, args.target)
+        run_part(args.part, args.stack, layout, image_id, args.target)
         return 0
     _, layers = image_layers(layout, image_id)
     image_bytes = sum(layer["size"] for layer in layers)
     bench.become_subreaper()
     figures = {}
-    for part in ("read", "import", "extract"):
+    for part in ("read", "import", "extract", "overlay"):
         with bench.loop_filesystem(args.scratch, int(image_bytes * 2.5) + (2 << 30)) as mount:
             env = bench.environment(mount, args.scratch)
             drop_page_cache()
@@ -109,15 +227,18 @@ def main() -> int:
                 if part == "import":
                     bench.empty_storage(env)
                     shutil.rmtree(target, ignore_errors=True)
-        run.pop("tail")
+        tail = run.pop("tail")
         run.pop("largest_writes")
         figures[part] = {**run, "mb_per_s": round(image_bytes / run["wall_s"] / 1e6, 1)}
+        if part == "overlay":  # its parts and its layer, the child's last line
+            figures[part] = {**run, **json.loads(tail[-1])}
         print(f"{part}: {run['wall_s']} s, {run['bytes_written']} bytes written", flush=True)
     version = subprocess.run(["buildah", "--version"], capture_output=True, text=True, check=True).stdout.split()[2]
     document = {"stack": args.stack, "image_id": image_id, "image_bytes": image_bytes, "layers": len(layers),
                 "engine": f"buildah {version}", "measured": time.strftime("%Y-%m-%d", time.gmtime()),
                 "cores": os.cpu_count(), **figures,
-                "import_over_extract": round(figures["import"]["wall_s"] / figures["extract"]["wall_s"], 2)}
+                "import_over_extract": round(figures["import"]["wall_s"] / figures["extract"]["wall_s"], 2),
+                "import_over_overlay": round(figures["import"]["wall_s"] / figures["overlay"]["wall_s"], 2)}
     RESULTS.write_text(json.dumps(document, indent=2, sort_keys=True) + "\n")
     print(json.dumps(document, indent=2, sort_keys=True))
     return 0
