@@ -34,9 +34,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from builder.engine import write_once  # noqa: E402
-from builder.oci import dockerfile_plan, tree_layer  # noqa: E402
 from builder.lock import build_report  # noqa: E402
-from builder.oci import canonical  # noqa: E402
+from builder.oci import canonical, dockerfile_plan, tree_layer  # noqa: E402
 from builder.oci.layout import Layout  # noqa: E402
 from builder.paths import cache_root  # noqa: E402
 import cold_path as bench  # noqa: E402  (bench/, the script's own folder)
@@ -100,9 +99,8 @@ def overlay_step(stack: str, layout: Layout, config: bytes, target: Path) -> dic
     """The overlay part (module docstring): returns its timings and whether the layer is the builder's."""
     data = json.loads(config)
     diff_ids = data["rootfs"]["diff_ids"]
-    stack_dir = ROOT / "images" / stack
     epoch = str(build_report.read(ROOT / "build-reports" / f"{stack}.json").source_date_epoch)
-    plan = dockerfile_plan.parse((stack_dir / "Dockerfile").read_text(), {"SOURCE_DATE_EPOCH": epoch})
+    plan = dockerfile_plan.parse((ROOT / "images" / stack / "Dockerfile").read_text(), {"SOURCE_DATE_EPOCH": epoch})
     index = first_step_after_groups(plan)
     layer_steps = [i for i, step in enumerate(plan.steps) if not step.empty_layer]
     base_layers = len(diff_ids) - len(layer_steps)
@@ -166,8 +164,7 @@ def run_in_runc(root: Path, argv: tuple[str, ...], env: list[str], bundle: Path)
         "process": {"user": {"uid": 0, "gid": 0}, "args": list(argv), "env": env, "cwd": "/",
                     "capabilities": {kind: capabilities for kind in ("bounding", "effective", "permitted")},
                     "rlimits": [{"type": "RLIMIT_NOFILE", "hard": 1024, "soft": 1024},
-                                {"type": "RLIMIT_NPROC", "hard": 32768, "soft": 32768}],
-                    "noNewPrivileges": False},
+                                {"type": "RLIMIT_NPROC", "hard": 32768, "soft": 32768}]},
         "root": {"path": str(root)},
         "hostname": "builder",
         "mounts": [
@@ -229,9 +226,9 @@ def main() -> int:
                     shutil.rmtree(target, ignore_errors=True)
         tail = run.pop("tail")
         run.pop("largest_writes")
-        figures[part] = {**run, "mb_per_s": round(image_bytes / run["wall_s"] / 1e6, 1)}
-        if part == "overlay":  # its parts and its layer, the child's last line
-            figures[part] = {**run, **json.loads(tail[-1])}
+        # The overlay part's own figures (its parts, its layer) are the child's last line.
+        figures[part] = {**run, **json.loads(tail[-1])} if part == "overlay" else \
+            {**run, "mb_per_s": round(image_bytes / run["wall_s"] / 1e6, 1)}
         print(f"{part}: {run['wall_s']} s, {run['bytes_written']} bytes written", flush=True)
     version = subprocess.run(["buildah", "--version"], capture_output=True, text=True, check=True).stdout.split()[2]
     document = {"stack": args.stack, "image_id": image_id, "image_bytes": image_bytes, "layers": len(layers),
