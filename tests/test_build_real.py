@@ -26,7 +26,7 @@ from builder.lock import store
 from builder.paths import RUNTIME_UID
 from builder.render import render
 from builder.smoke import smoke_gate
-from checkouts import BUILT_ROW, BUILT_STACK, run_builder
+from checkouts import BUILT_ROW, BUILT_STACK, clone_checkout, run_builder
 
 pytestmark = [pytest.mark.engine, pytest.mark.network, pytest.mark.slow]
 
@@ -168,16 +168,33 @@ def test_the_run_that_answered_each_check_is_committed_for_a_clone(built, tmp_pa
     assert answered == [[row["check"], row["status"]] for row in report["smoke"]["results"]]
 
 
-def test_a_default_build_needs_no_docker_daemon_and_smoke_tests_where_buildah_built(built, builder_env, tmp_path):
-    """No second copy: with no Docker daemon to reach, the build (its smoke checks run again, through
-    podman's API over buildah's storage) passes and tags the same image, and leaves no container."""
+def test_a_default_build_needs_no_docker_daemon_and_smoke_tests_where_buildah_built(built, tmp_path):
+    """No second copy: with no Docker daemon to reach, a build whose change a smoke check reads passes,
+    the gate running that check (and compile, which reads the whole image) through podman's API over
+    buildah's storage, tags its image there, and leaves no container."""
     _, report = built
-    env = {**builder_env, "DOCKER_HOST": f"unix://{tmp_path}/no-daemon.sock"}
-    again = builder("build", "--local-base", "--stack", BUILT_ROW, "--resmoke", env=env)
-    assert again.returncode == 0, again.stderr[-4000:]
-    assert "delivered to Docker: 0 bytes)" in again.stderr
-    assert json.loads((REPO / "build-reports" / f"{STACK.name}.json").read_text())["smoke"]["passed"] is True
-    assert BuildahEngine(export_to_docker=False).image_id(report["tags"][0]) == report["image_id"]
+    checkout = clone_checkout(tmp_path / "changed")
+    check_module = checkout / "builder/runtime/smoke/gpu_collectives.py"  # read by the gpu check alone
+    check_module.write_text(check_module.read_text() + "# a smoke check's module changed\n")
+    env = {key: value for key, value in os.environ.items() if key != "BUILDER_LOCK"} | {
+        "CI": "true", "DOCKER_HOST": f"unix://{tmp_path}/no-daemon.sock"}
+    engine, made = BuildahEngine(export_to_docker=False), []
+    try:
+        again = run_builder("build", "--local-base", "--stack", BUILT_ROW, env=env, cwd=checkout)
+        assert again.returncode == 0, again.stderr[-4000:]
+        new_id = again.stdout.split()[-1]
+        made.append(store.entry(STACK.name, checkout / "matrix.lock").outcome.image.immutable_tag)
+        assert new_id != report["image_id"]
+        assert "delivered to Docker: 0 bytes)" in again.stderr
+        assert "run: compile, gpu" in again.stderr
+        rebuilt = json.loads((checkout / "build-reports" / f"{STACK.name}.json").read_text())
+        assert rebuilt["smoke"]["passed"] is True
+        assert engine.image_id(rebuilt["tags"][0]) == new_id
+    finally:
+        # The moving tag back on the image the other tests check; the changed image goes.
+        engine.tag(report["image_id"], report["tags"][1])
+        for name in made:
+            engine.remove(name)
     listed = subprocess.run(["podman", "ps", "--all", "--filter", "label=dev.sglang-builder.owner", "--format", "json"],
                             capture_output=True, text=True, check=True).stdout
     assert json.loads(listed or "[]") == []

@@ -107,8 +107,9 @@ def test_after_a_build_whose_input_changed_the_renders_and_the_lock_are_current(
     included) is what `builder render` would write."""
     _, report = built
     checkout = clone(tmp_path / "changed", str(REPO))
-    # driver.py: read by the serve tools only, not by the FlashInfer bake, whose layer is reused.
-    tool = checkout / "builder/runtime/driver.py"
+    # serve/bench.py: read by the serve tools only, not by the FlashInfer bake, whose layer is reused, nor by
+    # any smoke check: only compile runs again, which runs programs the read tracer cannot follow.
+    tool = checkout / "builder/runtime/serve/bench.py"
     tool.write_text(tool.read_text() + "# an in-image tool changed\n")
     env = {key: value for key, value in os.environ.items() if key != "BUILDER_LOCK"} | {"CI": "true"}
     engine, made = BuildahEngine(), []
@@ -117,14 +118,15 @@ def test_after_a_build_whose_input_changed_the_renders_and_the_lock_are_current(
         assert result.returncode == 0, result.stderr[-4000:]
         new_id = result.stdout.split()[-1]
         assert new_id != report["image_id"]
+        assert "changed: versions, imports, abi, arch, patches, entrypoint, gpu; run: compile" in result.stderr
         # The lock check asks about the rebuilt row: every other row with an image record was built from the
-        # driver.py this clone changed, so it is rightly stale here.
+        # serve/bench.py this clone changed, so it is rightly stale here.
         for command in (["render", "--check"], ["lock", "--check", "--local-base", "--stack", BUILT_ROW]):
             check = run_builder(*command, env=env, cwd=checkout)
             assert check.returncode == 0, (command, check.stdout + check.stderr)
         changed = git("status", "--porcelain", "--untracked-files=no", cwd=checkout).splitlines()
         assert sorted(line[3:] for line in changed) == sorted([
-            "builder/runtime/driver.py", "matrix.lock", f"build-reports/{STACK}.json",
+            "builder/runtime/serve/bench.py", "matrix.lock", f"build-reports/{STACK}.json",
             f"build-reports/{STACK}.cdx.json", f"build-reports/{STACK}.smoke-reads.json.gz"])
         image = store.entry(STACK, checkout / "matrix.lock").outcome.image
         made.append(image.immutable_tag)

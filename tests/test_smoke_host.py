@@ -145,3 +145,25 @@ def test_a_podman_that_does_not_start_fails_the_run_where_it_needs_the_api(tmp_p
             host.ready()
         with pytest.raises(UserError, match="did not start"):
             host.client  # noqa: B018 - the client is behind the same wait
+
+
+@pytest.mark.engine
+def test_a_containers_exit_status_comes_through_either_api(docker_client):
+    """exit_status asks for the container's state instead of calling the API's wait, which podman 4.3
+    answers by polling every microsecond: both the Docker daemon and podman's service give the code."""
+    from builder.engine.buildah import BuildahEngine
+    from builder.engine.container_exit import exit_status
+    from builder.engine.container_limits import own_ulimits
+    from builder.engine.progress import Progress
+    from builder.smoke import smoke_host
+
+    with smoke_host.open_host(BuildahEngine(export_to_docker=False), Progress(io.StringIO(), interactive=False)) \
+            as host:
+        for client, labels in ((docker_client, {}), (host.client, host.labels())):
+            container = client.containers.create(BASE_IMAGE, ["-c", "sleep 1; exit 3"], entrypoint=["/bin/sh"],
+                                                 labels=labels, ulimits=own_ulimits(), network_disabled=True)
+            try:
+                container.start()
+                assert exit_status(container, poll_s=0.05) == 3
+            finally:
+                container.remove(force=True)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from builder.oci import layer_listing
 from builder.runtime.smoke import report as smoke_report
 from builder.smoke import read_tracer
 from builder.smoke.image_files import ABSENT, ImageFiles
@@ -140,10 +141,11 @@ def three_layers(tmp_path):
 def test_the_merged_view_applies_whiteouts_opaque_directories_and_links(tmp_path, three_layers):
     files = ImageFiles(three_layers, tmp_path / "listings")
     a, b, c = (diff_id for diff_id, _ in three_layers)
-    assert files.identity("/usr/lib/libx.so") == f"file@{a}"
-    assert files.identity("/lib/libx.so") == f"/lib->usr/lib@{a}|file@{a}"  # the link is part of the read
+    libx = files.identity("/usr/lib/libx.so")
+    assert libx.startswith("file#sha256:")  # a small layer's file: named by its bytes
+    assert files.identity("/lib/libx.so") == f"/lib->usr/lib@{a}|{libx}"  # the link is part of the read
     assert files.identity("/opt/old/f") == ABSENT  # hidden by the opaque directory
-    assert files.identity("/opt/old/g") == f"file@{b}"
+    assert files.identity("/opt/old/g") not in (ABSENT, libx)
     assert files.identity("/etc/gone") == ABSENT
     assert files.identity("/usr/lib") == "dir"  # not the layer that last carried its entry
     assert files.listing("/usr/lib") != files.listing("/opt/old")
@@ -175,6 +177,23 @@ def test_links_on_the_way_and_at_the_end_resolve_alike_for_every_path_of_a_direc
     assert files.identity("/loop1/f").count("->") == 41  # the kernel's limit, then it gives up
 
 
+def test_a_small_layers_file_is_named_by_its_bytes_and_a_big_layers_by_the_layer(tmp_path, monkeypatch):
+    """A layer that gives one file anew beside unchanged ones (the in-image tools) changes only that
+    file's identity; past the digest limit (a wheel group) the layer names its files."""
+    tools = layer(tmp_path, "t", [("opt", "dir"), ("opt/a.py", "file", b"a"), ("opt/b.py", "file", b"b")])
+    changed = layer(tmp_path, "u", [("opt", "dir"), ("opt/a.py", "file", b"a"), ("opt/b.py", "file", b"B")])
+    before, after = (ImageFiles([found], tmp_path / "listings") for found in (tools, changed))
+    assert before.identity("/opt/a.py") == after.identity("/opt/a.py")
+    assert before.identity("/opt/b.py") != after.identity("/opt/b.py")
+    assert before.identity("/opt/a.py") != before.identity("/opt/b.py")
+    # kept beside the listing: a view whose tar is gone names the file alike
+    tools[1].unlink()
+    assert ImageFiles([(tools[0], tools[1])], tmp_path / "listings").identity("/opt/a.py") == before.identity("/opt/a.py")
+    monkeypatch.setattr(layer_listing, "DIGESTED_LAYER_LIMIT", 1024)
+    big = layer(tmp_path, "v", [("opt", "dir"), ("opt/a.py", "file", b"a" * 4096)])
+    assert ImageFiles([big], tmp_path / "listings").identity("/opt/a.py") == f"file@{big[0]}"
+
+
 # -- when a kept result stands ----------------------------------------------------------------------
 
 PASSED = [smoke_report.passed("versions.torch", "torch 2.9.1")]
@@ -201,6 +220,9 @@ def test_a_kept_result_stands_only_while_its_reads_are_the_same(tmp_path, three_
     unread = layer(tmp_path, "e", [("opt", "dir"), ("opt/other", "file"), ("opt/stack.json", "file",
                                    json.dumps({"schema": 2, "cuda": "12", "bench": 1}).encode())])
     assert kept.reusable("versions", ImageFiles([*three_layers, unread], tmp_path / "le"), "settings") is not None
+    # a later layer giving a file it read again, the same bytes: the result stands
+    same = layer(tmp_path, "g", [("usr", "dir"), ("usr/lib", "dir"), ("usr/lib/libx.so", "file", b"x")])
+    assert kept.reusable("versions", ImageFiles([*three_layers, same], tmp_path / "lg"), "settings") is not None
 
 
 def test_failures_incomplete_traces_and_other_programs_are_never_taken_on_trust(tmp_path, three_layers):

@@ -28,6 +28,7 @@ from packageurl import PackageURL
 from packaging.utils import canonicalize_name
 
 from builder.base import dpkg
+from builder.engine.container_exit import exit_status
 from builder.engine.container_limits import own_ulimits
 from builder.engine.daemon import docker_client
 from builder.errors import BuildFailure, UserError
@@ -66,7 +67,7 @@ def installed_distributions(image: str, client: docker.DockerClient, python: str
         raise BuildFailure(f"{image}: cannot run {python} in it: {error.explanation or error}") from None
     try:  # removed whatever happens: a container whose start failed stays behind otherwise
         container.start()
-        status = container.wait()["StatusCode"]
+        status = exit_status(container)
         output = container.logs(stdout=True, stderr=False)
         if status != 0:
             tail = container.logs(stdout=False, stderr=True).decode(errors="replace").strip().splitlines()[-1:]

@@ -1,11 +1,13 @@
 """A layer tar's listing: each entry's absolute path, kind and link target, in the tar's order, kept by
 diff_id under a listings directory so a layer's tar is read for it at most once. The write-once build
 keeps the listing of each layer it writes as it writes it; a reader (the smoke gate's view of an image,
-smoke/image_files.py) reads a tar only for a layer nobody listed.
+smoke/image_files.py) reads a tar only for a layer nobody listed. A small layer's regular files are
+also digested on demand (file_digests), and kept the same way.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import posixpath
 import tarfile
@@ -14,6 +16,10 @@ from pathlib import Path
 
 from builder.files import write_atomic
 from builder.oci.layout import hex_of
+
+# A layer at most this big is read for its files' digests (file_digests): the in-image tools, the
+# patches, the small configs. Reading a wheel group's gigabytes would cost more than it could spare.
+DIGESTED_LAYER_LIMIT = 64 << 20
 
 Row = tuple[str, str, str]  # (absolute path, "dir" | "file" | "link" | "hardlink" | "other", target)
 
@@ -53,3 +59,35 @@ def listing(tar_path: Path, diff_id: str, listings_dir: Path) -> list[Row]:
         rows = rows_of(tar)
     keep(listings_dir, diff_id, rows)
     return rows
+
+
+def _kept_digests(listings_dir: Path, diff_id: str) -> Path:
+    return listings_dir / f"{hex_of(diff_id)}.files.json"
+
+
+def file_digests(tar_path: Path, diff_id: str, listings_dir: Path) -> dict[str, str] | None:
+    """{absolute path: digest of its mode, owner, time, size and bytes} for each regular file of a layer
+    of at most DIGESTED_LAYER_LIMIT bytes, kept beside its listing; None for a bigger layer, or one whose
+    tar is gone and whose digests nobody kept."""
+    try:
+        return json.loads(_kept_digests(listings_dir, diff_id).read_text())
+    except (OSError, ValueError):
+        pass
+    try:
+        if tar_path.stat().st_size > DIGESTED_LAYER_LIMIT:
+            return None
+    except OSError:
+        return None
+    digests = {}
+    with tarfile.open(tar_path, "r:") as tar:
+        for member in tar:
+            if not member.isfile():
+                continue
+            digest = hashlib.sha256(f"{member.mode:o} {member.uid}:{member.gid} {member.mtime} {member.size}\n".encode())
+            with tar.extractfile(member) as data:
+                for chunk in iter(lambda: data.read(1 << 20), b""):
+                    digest.update(chunk)
+            digests[absolute(member.name)] = f"sha256:{digest.hexdigest()}"
+    listings_dir.mkdir(parents=True, exist_ok=True)
+    write_atomic(_kept_digests(listings_dir, diff_id), json.dumps(digests, sort_keys=True))
+    return digests

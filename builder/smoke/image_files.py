@@ -3,7 +3,9 @@
 The smoke results are kept with what each check read (smoke/keyed_results.py); whether a read would give
 another answer in another image is told here. A path's identity is the layer that gives it (a layer is
 named by its content, so the same layer gives the same bytes), with every symbolic link followed on the
-way, and a directory's listing is the names in it. Layer tars are uncompressed (the write-once layout's
+way, and a directory's listing is the names in it. A regular file of a small layer is named by its own
+bytes, mode, owner and time instead (oci/layer_listing.file_digests): a layer of in-image tools that
+changed one file then leaves the checks that read only its other files standing. Layer tars are uncompressed (the write-once layout's
 blobs); their listings are kept under `listings_dir` by diff_id (oci/layer_listing.py), so each layer
 is read once at most: the write-once build keeps the listing of every layer it writes.
 """
@@ -17,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from builder.oci.layer_listing import absolute, listing
+from builder.oci.layer_listing import absolute, file_digests, listing
 
 _WHITEOUT = ".wh."
 _OPAQUE = ".wh..wh..opq"
@@ -38,6 +40,8 @@ class ImageFiles:
     def __init__(self, layers: Sequence[tuple[str, Path]], listings_dir: Path) -> None:
         self.diff_ids = tuple(diff_id for diff_id, _ in layers)
         self._tars = dict(layers)
+        self._listings_dir = listings_dir
+        self._digests: dict[str, dict[str, str]] = {}
         self.entries: dict[str, Entry] = {"/": Entry("", "dir", "")}
         for diff_id, tar_path in layers:
             self._apply(diff_id, listing(tar_path, diff_id, listings_dir))
@@ -107,7 +111,8 @@ class ImageFiles:
         return current, tuple(followed), hops, False
 
     def identity(self, path: str, follow_last: bool = True) -> str:
-        """What reading `path` gives, as a comparable string: the layer giving it and the links on the way."""
+        """What reading `path` gives, as a comparable string: the layer giving it (a small layer's file: its
+        digest) and the links on the way."""
         final, links = self.resolve(path, follow_last)
         entry = self.entries.get(final)
         if entry is None:
@@ -118,9 +123,16 @@ class ImageFiles:
             given = "dir"
         elif entry.kind == "hardlink":
             given = f"hardlink:{entry.target}@{entry.layer}"
+        elif entry.kind == "file" and (digest := self._file_digest(entry.layer, final)) is not None:
+            given = f"file#{digest}"
         else:
             given = f"{entry.kind}@{entry.layer}"
         return "|".join([*links, given])
+
+    def _file_digest(self, diff_id: str, path: str) -> str | None:
+        if diff_id not in self._digests:
+            self._digests[diff_id] = file_digests(self._tars[diff_id], diff_id, self._listings_dir) or {}
+        return self._digests[diff_id].get(path)
 
     def listing(self, directory: str) -> str:
         """The names in a directory, after links, as one digest (ABSENT where it is none)."""

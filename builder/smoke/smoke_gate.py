@@ -14,6 +14,7 @@ import docker
 import docker.errors
 from docker.types import DeviceRequest
 
+from builder.engine.container_exit import exit_status
 from builder.engine.container_limits import own_ulimits
 from builder.engine.daemon import docker_client
 from builder.errors import BuildFailure, UserError
@@ -87,7 +88,7 @@ def _run_container(image: str, only: list[str] | None, gpus: str | None, client:
         if traced:
             container.put_archive(read_tracer.PARENT, read_tracer.archive())
         container.start()
-        status = container.wait()["StatusCode"]
+        status = exit_status(container)
         stdout = container.logs(stdout=True, stderr=False).decode("utf-8", "replace")
         stderr = container.logs(stdout=False, stderr=True).decode("utf-8", "replace")
         if traced:
