@@ -18,6 +18,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 VENV = Path(os.environ.get("SMOKE_TEST_VENV", Path.home() / ".cache" / "builder" / "smoke-venv-cu128"))
 PYTHON = VENV / "bin" / "python"
+COMPLETE = VENV / ".filled"  # written once every install below has finished
 WHEELS = Path(os.environ.get("SMOKE_WHEEL_CACHE", Path.home() / ".cache" / "builder" / "wheels"))
 # What the venv holds: the previous deployment stack as the default index ships it, plus
 # what `import sglang.srt.server_args` needs (sglang and flashinfer without their pins).
@@ -38,14 +39,18 @@ pytestmark = pytest.mark.network
 
 def ensure_venv() -> None:
     """Create the stack venv (about 10 GB) for this module's tests. uv fills it in about a minute where
-    pip took about six; with no cache it leaves no second copy of the wheels behind."""
-    if PYTHON.exists():
+    pip took about six; with no cache it leaves no second copy of the wheels behind. The marker goes in
+    last: a run killed while filling it (a full disk, ^C) leaves a venv that the next run makes again
+    instead of testing against (it once lacked tqdm, and four tests failed on the venv, not the code)."""
+    if COMPLETE.exists() or ("SMOKE_TEST_VENV" in os.environ and PYTHON.exists()):  # the caller's venv: as given
         return
+    shutil.rmtree(VENV, ignore_errors=True)
     subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
     install = [sys.executable, "-m", "uv", "pip", "install", "--quiet", "--no-cache", "--python", str(PYTHON)]
     subprocess.run(install + STACK_WHEELS, check=True)
     subprocess.run(install + ["--no-deps"] + NO_DEPS, check=True)
     subprocess.run(install + SERVER_ARGS_DEPS, check=True)
+    COMPLETE.touch()
 
 
 def installed(name: str) -> str:
