@@ -39,40 +39,46 @@ def absolute(name: str) -> str:
     return posixpath.normpath("/" + name.removeprefix("./").rstrip("/"))
 
 
-def _kept(listings_dir: Path, diff_id: str) -> Path:
-    return listings_dir / f"{hex_of(diff_id)}.json"
+def _kept(listings_dir: Path, diff_id: str, suffix: str = ".json") -> Path:
+    return listings_dir / f"{hex_of(diff_id)}{suffix}"
+
+
+def _read_kept(path: Path) -> object | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _write_kept(path: Path, value: object) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, json.dumps(value, sort_keys=True))
 
 
 def keep(listings_dir: Path, diff_id: str, rows: list[Row]) -> None:
-    listings_dir.mkdir(parents=True, exist_ok=True)
-    write_atomic(_kept(listings_dir, diff_id), json.dumps(rows))
+    _write_kept(_kept(listings_dir, diff_id), rows)
 
 
 def listing(tar_path: Path, diff_id: str, listings_dir: Path) -> list[Row]:
     """The layer's rows: kept ones when there are, else read from its tar (uncompressed: each member's
     data is skipped by a seek) and kept."""
-    try:
-        return [tuple(row) for row in json.loads(_kept(listings_dir, diff_id).read_text())]
-    except (OSError, ValueError):
-        pass
+    kept = _read_kept(_kept(listings_dir, diff_id))
+    if kept is not None:
+        return [tuple(row) for row in kept]
     with tarfile.open(tar_path, "r:") as tar:
         rows = rows_of(tar)
     keep(listings_dir, diff_id, rows)
     return rows
 
 
-def _kept_digests(listings_dir: Path, diff_id: str) -> Path:
-    return listings_dir / f"{hex_of(diff_id)}.files.json"
-
-
 def file_digests(tar_path: Path, diff_id: str, listings_dir: Path) -> dict[str, str] | None:
     """{absolute path: digest of its mode, owner, time, size and bytes} for each regular file of a layer
     of at most DIGESTED_LAYER_LIMIT bytes, kept beside its listing; None for a bigger layer, or one whose
     tar is gone and whose digests nobody kept."""
-    try:
-        return json.loads(_kept_digests(listings_dir, diff_id).read_text())
-    except (OSError, ValueError):
-        pass
+    kept_path = _kept(listings_dir, diff_id, ".files.json")
+    kept = _read_kept(kept_path)
+    if kept is not None:
+        return kept
     try:
         if tar_path.stat().st_size > DIGESTED_LAYER_LIMIT:
             return None
@@ -80,14 +86,12 @@ def file_digests(tar_path: Path, diff_id: str, listings_dir: Path) -> dict[str, 
         return None
     digests = {}
     with tarfile.open(tar_path, "r:") as tar:
-        for member in tar:
-            if not member.isfile():
-                continue
-            digest = hashlib.sha256(f"{member.mode:o} {member.uid}:{member.gid} {member.mtime} {member.size}\n".encode())
+        for member in (member for member in tar if member.isfile()):
+            header = f"{member.mode:o} {member.uid}:{member.gid} {member.mtime} {member.size}\n"
+            digest = hashlib.sha256(header.encode())
             with tar.extractfile(member) as data:
                 for chunk in iter(lambda: data.read(1 << 20), b""):
                     digest.update(chunk)
             digests[absolute(member.name)] = f"sha256:{digest.hexdigest()}"
-    listings_dir.mkdir(parents=True, exist_ok=True)
-    write_atomic(_kept_digests(listings_dir, diff_id), json.dumps(digests, sort_keys=True))
+    _write_kept(kept_path, digests)
     return digests

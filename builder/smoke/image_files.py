@@ -5,9 +5,10 @@ another answer in another image is told here. A path's identity is the layer tha
 named by its content, so the same layer gives the same bytes), with every symbolic link followed on the
 way, and a directory's listing is the names in it. A regular file of a small layer is named by its own
 bytes, mode, owner and time instead (oci/layer_listing.file_digests): a layer of in-image tools that
-changed one file then leaves the checks that read only its other files standing. Layer tars are uncompressed (the write-once layout's
-blobs); their listings are kept under `listings_dir` by diff_id (oci/layer_listing.py), so each layer
-is read once at most: the write-once build keeps the listing of every layer it writes.
+changed one file then leaves the checks that read only its other files standing. Layer tars are
+uncompressed (the write-once layout's blobs); their listings are kept under `listings_dir` by diff_id
+(oci/layer_listing.py), so each layer is read once at most: the write-once build keeps the listing of
+every layer it writes.
 """
 
 from __future__ import annotations
