@@ -557,6 +557,23 @@ def build_into_storage(buildah: Sequence[str], request: BuildRequest, root: Path
     return written
 
 
+def build_into_layout(buildah: Sequence[str], request: BuildRequest, root: Path,
+                      seen: Callable[[str], Path] = Path) -> WrittenImage:
+    """The write-once build under `root` (its layout, layer cache and scratch): the image's layers and
+    config in the layout, nothing left in buildah's storage. Call it under exclusive(root), after the sweep."""
+    store, workdir = Layout.create(root / "layout"), scratch_dir(root)
+    partial = PartialImages(buildah, store, workdir, f"{os.getpid()}")
+    try:
+        written = write_image(buildah, request, partial, step_cache.StepCache(root / "steps"),
+                              step_cache.DigestMemo(root / "digests.json"), request.progress, seen)
+        # The config beside the layers: the layout then holds the whole image.
+        if not store.has_blob(written.image_id):
+            store.write_blob(written.config, expected=written.image_id)
+    finally:
+        partial.drop()
+    return written
+
+
 def import_image(buildah: Sequence[str], store: Layout, config: bytes, layers: Sequence[dict], workdir: Path,
                  tag: str, stored: set[str] | frozenset[str] = frozenset()) -> str:
     """The image of `config` and `layers` (blobs in `store`) into buildah's storage under `tag`, and no
