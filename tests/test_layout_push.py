@@ -28,7 +28,7 @@ REPOSITORY = "builder-layout-push"
 
 
 def written_image(tmp_path, name: str, text: str) -> str:
-    """A small image written by the builder (the base, one COPY) into buildah's default storage only."""
+    """A small image written by the builder (the base, one COPY): in its layout only, named by its refs."""
     context = write_context(tmp_path / name, (f"FROM {TEST_BASE_TAG}\nCOPY hello.txt /hello.txt\n"),
                             {"hello.txt": text})
     tag = f"localhost/{REPOSITORY}:{name}"

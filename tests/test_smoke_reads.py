@@ -349,6 +349,7 @@ def test_the_gate_runs_a_check_again_only_when_something_it_read_changed(base_im
 
     def gate(image_id: str, resmoke: bool = False, records: KeyedResults = kept) -> keyed_gate.GateOutcome:
         files = ImageFiles(engine.layer_tars(tag), tmp_path / "listings")
+        engine.ensure_in_storage(tag)  # written into the layout: the checks' containers need it stored
         with engine.container_api() as api:
             return keyed_gate.run(tag, image_id, "smoke-keyed-test", files, engine.inspect(tag).config, records,
                                   api.client, {}, resmoke)

@@ -10,9 +10,10 @@ run went (commit, host, times) goes to the provenance record, which is not.
 
 from __future__ import annotations
 
+import functools
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
@@ -22,6 +23,7 @@ from builder.build_stack import context, immutable, provenance, sbom, wheel_plan
 from builder.cache import deb_cache, wheel_cache
 from builder.config import tags
 from builder.config.stack import Stack
+from builder.engine.image_container import ImageSource
 from builder.engine.progress import Progress
 from builder.engine.protocol import BuildRequest, BuildResult, Engine
 from builder.errors import BuildFailure, UserError
@@ -167,12 +169,13 @@ class SmokeAnswer:
 
 
 def _smoke(stack: Stack, entry: LockEntry, image_id: str, candidate: str, resmoke: bool, progress: Progress,
-           durations: dict, host: smoke_host.SmokeHost, engine: Engine, committed: Path) -> SmokeAnswer:
+           durations: dict, host: smoke_host.SmokeHost, engine: Engine, committed: Path,
+           source: Callable[[], ImageSource | str]) -> SmokeAnswer:
     """The checks run in the candidate, unless the lock holds a pass for this very image id: the id is
     the image's content, so running them again could only repeat that answer (--resmoke does anyway).
     Where the engine keeps the layers' tars, each check runs only when something it read before changed
     (smoke/keyed_gate.py), answered first by this host's runs, then by the committed ones; elsewhere all
-    of them run."""
+    of them run. `source` gives what the checks' containers are made from (the candidate's root, or its tag)."""
     known = None if resmoke else recorded_smoke(entry, image_id)
     if known is not None:
         progress.stage(f"{stack.name}: smoke checks passed before for {image_id} (matrix.lock); --resmoke runs them")
@@ -183,10 +186,10 @@ def _smoke(stack: Stack, entry: LockEntry, image_id: str, candidate: str, resmok
     layers = engine.layer_tars(image_id)
     answers = None
     if layers is None:
-        report = smoke_gate.run_in_image(candidate, client=host.client, labels=host.labels())
+        report = smoke_gate.run_in_image(source(), client=host.client, labels=host.labels())
     else:
         files = ImageFiles(layers, layer_listings_dir())
-        outcome = keyed_gate.run(candidate, image_id, stack.name, files, engine.inspect(image_id).config,
+        outcome = keyed_gate.run(source(), image_id, stack.name, files, engine.inspect(image_id).config,
                                  KeyedResults(cache_root() / "smoke-reads" / stack.name, committed), host.client,
                                  host.labels(), resmoke)
         report, answers = outcome.report, outcome.answers
@@ -238,15 +241,19 @@ def _build_stack(stack: Stack, engine: Engine, progress: Progress, project: Proj
     # The SBOM asks the image itself (two short containers): asked while the smoke checks run, written
     # only once they pass.
     asking = ThreadPoolExecutor(1, thread_name_prefix="sbom-inventory")
+    # What the inventory's and the checks' containers are made from: the image's root, stacked from the
+    # layout's layer trees where the engine wrote it (none is extracted unless a container runs), else
+    # the candidate tag in the engine's storage.
+    source = functools.cache(lambda: engine.layout_image(result.image_id) or candidate)
     inventory = None
     try:
         host.ready()  # a container API that does not answer fails the run before any tag moves
         if resmoke or not sbom.made_for(sbom_file, stack.name, result.image_id):
-            inventory = asking.submit(sbom.take_inventory, result.image_id, host.client)
+            inventory = asking.submit(sbom.take_inventory, source(), host.client, labels=host.labels())
         for store in (engine, loader) if loader else (engine,):
             immutable.check(store, immutable_tag, result.image_id, result.identity, entry.outcome.image)
         smoked = _smoke(stack, entry, result.image_id, candidate, resmoke, progress, durations, host, engine,
-                        committed_reads)
+                        committed_reads, source)
         smoke_result = smoked.report
         if not smoke_result.passed:
             records.record_smoke(stack.name, smoke_result, image_id=result.image_id, path=lock_path)

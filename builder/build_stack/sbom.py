@@ -2,8 +2,9 @@
 
 What is installed is asked of the image itself, not assumed from the lock: the Python distributions
 through importlib.metadata under the image's Python, the Debian (or Ubuntu) packages from its dpkg
-status file, read out of a container that is created but never started. The lock adds each wheel's
-sha256 and install group where name and version agree, and names the base image with its digest.
+status file, read out of a container that is created but never started (of the image the container API
+holds, or on a root assembled from the builder's layout: engine/image_container.py). The lock adds each
+wheel's sha256 and install group where name and version agree, and names the base image with its digest.
 Written beside the build report and referenced from the lock. Deterministic: the serial number
 derives from the image id, the timestamp is SOURCE_DATE_EPOCH.
 """
@@ -29,8 +30,8 @@ from packaging.utils import canonicalize_name
 
 from builder.base import dpkg
 from builder.engine.container_exit import exit_status
-from builder.engine.container_limits import own_ulimits
 from builder.engine.daemon import docker_client
+from builder.engine.image_container import ContainerRequest, ImageSource, as_source
 from builder.errors import BuildFailure, UserError
 from builder.files import write_atomic
 from builder.lock.model import Distribution, LockedBase, Resolution
@@ -55,32 +56,27 @@ print(json.dumps(sorted(rows, key=lambda row: (row[0].lower(), row[1]))))
 """
 
 
-def installed_distributions(image: str, client: docker.DockerClient, python: str = VENV_PYTHON) -> list[tuple]:
+def installed_distributions(image: str | ImageSource, client: docker.DockerClient, python: str = VENV_PYTHON,
+                            labels: dict[str, str] | None = None) -> list[tuple]:
     """(name, version, sha256 or None) of every distribution the image's Python sees."""
+    source = as_source(image)
     try:
-        # The smoke container's limits: podman's defaults exceed some hosts' hard limits.
-        container = client.containers.create(image, ["-c", QUERY], entrypoint=[python], network_disabled=True,
-                                             ulimits=own_ulimits())
+        with source.container(client, ContainerRequest(("-c", QUERY), (python,), labels=labels or {})) as container:
+            container.start()
+            status = exit_status(container)
+            output = container.logs(stdout=True, stderr=False)
+            if status != 0:
+                tail = container.logs(stdout=False, stderr=True).decode(errors="replace").strip().splitlines()[-1:]
+                raise BuildFailure(f"{source.name}: listing its Python distributions failed: "
+                                   f"{' '.join(tail) or f'exit status {status}'}")
     except docker.errors.ImageNotFound:
-        raise UserError(f"image {image} is not where the build's Docker API looks") from None
+        raise UserError(f"image {source.name} is not where the build's Docker API looks") from None
     except docker.errors.APIError as error:
-        raise BuildFailure(f"{image}: cannot run {python} in it: {error.explanation or error}") from None
-    try:  # removed whatever happens: a container whose start failed stays behind otherwise
-        container.start()
-        status = exit_status(container)
-        output = container.logs(stdout=True, stderr=False)
-        if status != 0:
-            tail = container.logs(stdout=False, stderr=True).decode(errors="replace").strip().splitlines()[-1:]
-            raise BuildFailure(f"{image}: listing its Python distributions failed: "
-                               f"{' '.join(tail) or f'exit status {status}'}")
-    except docker.errors.APIError as error:
-        raise BuildFailure(f"{image}: cannot run {python} in it: {error.explanation or error}") from None
-    finally:
-        container.remove(force=True)
+        raise BuildFailure(f"{source.name}: cannot run {python} in it: {error.explanation or error}") from None
     try:
         rows = json.loads(output.decode().strip().splitlines()[-1])
     except (ValueError, IndexError):
-        raise BuildFailure(f"{image}: unexpected output listing its distributions: {output[:200]!r}") from None
+        raise BuildFailure(f"{source.name}: unexpected output listing its distributions: {output[:200]!r}") from None
     return [(name, version, sha256) for name, version, sha256 in rows]
 
 
@@ -97,18 +93,19 @@ def _read_file(container, path: str) -> str | None:
         return archive.extractfile(member).read().decode("utf-8", "replace")
 
 
-def image_files(image: str, client: docker.DockerClient, paths: tuple[str, ...]) -> dict[str, str | None]:
-    """The text of each path in the image, read from a container that is created, never started."""
+def image_files(image: str | ImageSource, client: docker.DockerClient, paths: tuple[str, ...],
+                python: str = VENV_PYTHON, labels: dict[str, str] | None = None) -> dict[str, str | None]:
+    """The text of each path in the image, read from a container that is created, never started. Its
+    program is the image's Python: podman copies out of an assembled root only once the runtime has
+    found the container's program there (engine/rootfs_container.py)."""
+    source = as_source(image)
     try:
-        container = client.containers.create(image, command=["/nonexistent"], entrypoint=[], network_disabled=True)
+        with source.container(client, ContainerRequest((python,), (), labels=labels or {})) as container:
+            return {path: _read_file(container, path) for path in paths}
     except docker.errors.ImageNotFound:
-        raise UserError(f"image {image} is not in the Docker daemon") from None
+        raise UserError(f"image {source.name} is not in the Docker daemon") from None
     except docker.errors.APIError as error:
-        raise BuildFailure(f"{image}: cannot read its files: {error.explanation or error}") from None
-    try:
-        return {path: _read_file(container, path) for path in paths}
-    finally:
-        container.remove(force=True)
+        raise BuildFailure(f"{source.name}: cannot read its files: {error.explanation or error}") from None
 
 
 def parse_os_release(text: str) -> dict[str, str]:
@@ -120,10 +117,11 @@ def parse_os_release(text: str) -> dict[str, str]:
     return release
 
 
-def system_packages(image: str, client: docker.DockerClient) -> list[Component]:
+def system_packages(image: str | ImageSource, client: docker.DockerClient, python: str = VENV_PYTHON,
+                    labels: dict[str, str] | None = None) -> list[Component]:
     """The image's dpkg-installed packages as components (purl pkg:deb/<distribution>/...); none
     when the image has no dpkg status file."""
-    files = image_files(image, client, (DPKG_STATUS, *OS_RELEASE))
+    files = image_files(image, client, (DPKG_STATUS, *OS_RELEASE), python, labels)
     if not files[DPKG_STATUS]:
         return []
     release = parse_os_release(next((files[p] for p in OS_RELEASE if files[p]), ""))
@@ -220,8 +218,11 @@ class Inventory:
     system: list[Component]
 
 
-def take_inventory(image_id: str, client: docker.DockerClient, python: str = VENV_PYTHON) -> Inventory:
-    return Inventory(installed_distributions(image_id, client, python), system_packages(image_id, client))
+def take_inventory(image: str | ImageSource, client: docker.DockerClient, python: str = VENV_PYTHON,
+                   labels: dict[str, str] | None = None) -> Inventory:
+    """`labels` mark its containers as a run's, so what a run that died left can be found."""
+    return Inventory(installed_distributions(image, client, python, labels),
+                     system_packages(image, client, python, labels))
 
 
 def write_bom(path: Path, stack: str, image_id: str, locked: Resolution,

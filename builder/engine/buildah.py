@@ -1,11 +1,14 @@
 """buildah: the default engine. Daemonless, and `buildah build --timestamp` makes clean rebuilds
 bit-identical (same image ID), which the Docker 20.10 daemon's builders cannot.
 
-A build runs in buildah's storage, then the image is copied into the local Docker daemon so
-`docker run` works: only the layers the daemon lacks (engine/delivery.py), or the whole image
-(`buildah push ID docker-daemon:TAG`) when it holds none. Either copy keeps the config blob
-byte-for-byte, so the image ID (the sha256 of the config, see engine/protocol.py) is the same on
-both sides.
+`builder build` writes its image itself (write(), engine/write_once.py) into the write-once OCI layout,
+which stays the image's home: the layout's refs are its tags (engine/written_images.py), and buildah's
+storage gets a copy only when something needs one there (ensure_in_storage: a container, a mount, an
+archive). The engine's own build (build()) runs in buildah's storage and is tagged there. Either image
+can be copied into the local Docker daemon so `docker run` works: only the layers the daemon lacks
+(engine/delivery.py), or the whole image (`buildah push ID docker-daemon:TAG`) when it holds none.
+Either copy keeps the config blob byte-for-byte, so the image ID (the sha256 of the config, see
+engine/protocol.py) is the same everywhere.
 """
 
 from __future__ import annotations
@@ -21,9 +24,10 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
-from builder.engine import canonical_export, chrooted, delivery, layout_push, podman_service, write_once
+from builder.engine import canonical_export, delivery, layout_push, podman_service, rootfs_container, write_once
 from builder.engine.identity import EngineIdentity
 from builder.engine.process import run_quiet, run_streaming
 from builder.engine.protocol import (
@@ -36,8 +40,9 @@ from builder.engine.protocol import (
     request_flags,
 )
 from builder.engine.daemon import DockerDaemon, ImageNotFound
+from builder.engine.written_images import WrittenImages
 from builder.errors import BuildFailure, UserError
-from builder.oci.layout import Layout
+from builder.oci.layout import Descriptor, Layout
 from builder.paths import cache_root
 
 INSTALL_HINT = "install it with scripts/setup-host (or apt-get install buildah)"
@@ -56,6 +61,15 @@ def buildah_command() -> list[str]:
         raise UserError(f"{COMMAND_ENV}={value!r}: {error}") from None
 
 
+@dataclass(frozen=True)
+class _TagPlaces:
+    """Where each of a build's tags points before it moves them: what a failed build puts back."""
+
+    refs: dict[str, Descriptor | None]  # the write-once layout's (written_images.py)
+    storage: dict[str, str | None]  # buildah's storage: tag -> image id
+    daemon: dict[str, str | None]  # the Docker daemon's, where the engine delivers
+
+
 def host_canonical_index() -> canonical_export.CanonicalIndex:
     """The canonical forms builds in the default storage recorded (a content-keyed cache, like the wheels)."""
     return canonical_export.CanonicalIndex(cache_root() / "canonical-index")
@@ -67,6 +81,8 @@ class BuildahEngine:
     export_to_docker: copy built images into the Docker daemon (off for throwaway verify builds).
     command: how to run buildah (default: $BUILDER_BUILDAH, else `buildah` from PATH).
     Every build ends in the canonical form of its image (canonical_export.py): that is the image id.
+    Names and ids the write-once layout holds are answered from it and act on its refs; all others on
+    buildah's storage.
     """
 
     name = "buildah"
@@ -134,13 +150,11 @@ class BuildahEngine:
         own = (("buildah", self),)
         return own + ((("docker daemon", self.daemon),) if self.export_to_docker else ())
 
-    def image_id(self, ref: str) -> str | None:
-        return self._image_id_or_none(ref)
-
     def build_native(self, request: BuildRequest) -> str:
         """The engine's own image of `request`, untagged (build() then puts its canonical form in storage)."""
         self.check()
         check_request_inputs(request)
+        self._bases_into_storage(request)
         self._check_single_names(request)
         with tempfile.TemporaryDirectory(prefix="builder-iid-") as scratch:
             iidfile = Path(scratch) / "iid"
@@ -158,7 +172,7 @@ class BuildahEngine:
         try:
             exported = self._canonical(native_id, request)
         except BaseException:
-            self._restore_tags(*previous)
+            self._restore_tags(previous)
             raise
         image_id = exported.image_id
         built = time.monotonic()
@@ -183,25 +197,24 @@ class BuildahEngine:
     def write(self, request: BuildRequest) -> BuildResult:
         """The builder's own build of the rendered Dockerfile (engine/write_once.py): buildah runs the
         steps that need the image's programs, the builder writes every layer once into a content-keyed
-        OCI layout, and only the finished image is imported and tagged. Steps the layer cache holds are
-        not run; on failure or Ctrl-C no request tag moves."""
+        OCI layout, where the finished image stays: the request's tags become the layout's refs, and
+        buildah's storage gets no copy of it. Steps the layer cache holds are not run; on failure or
+        Ctrl-C no request tag moves."""
         started = time.monotonic()
         self.check()
         check_request_inputs(request)
         _check_writable(request)
+        self._bases_into_storage(request)  # before the build lock, which an import takes too
         previous = self._previous_tags(request.tags)
         root = self._write_once_root()
         try:
             with write_once.exclusive(root):
-                workdir = write_once.scratch_dir(root)
-                swept = write_once.sweep_leftovers(self._global_args(), Layout.create(root / "layout"), workdir)
+                swept = write_once.sweep_leftovers(Layout.create(root / "layout"), root)
                 if swept and request.progress:
                     request.progress(f"removed what a killed build left: {', '.join(swept)}")
-                # Its commands run in the scratch directory, where the imports' layouts are.
-                with chrooted.held_namespace(self._global_args(), workdir) as (buildah, seen):
-                    written = write_once.build_into_storage(buildah, request, root, seen)
+                written = write_once.build_into_layout(self._global_args(), request, root)
         except BaseException:
-            self._restore_tags(*previous)
+            self._restore_tags(previous)
             raise
         info = self.inspect(written.image_id)
         tagging = time.monotonic()
@@ -225,6 +238,38 @@ class BuildahEngine:
         if self.storage_dir is not None:
             return self.storage_dir / "write-once"
         return cache_root() / "write-once"
+
+    def _layout_root(self) -> Path:
+        """The write-once layout: the written images' home, its refs their tags."""
+        return self._write_once_root() / "layout"
+
+    def _written(self) -> WrittenImages:
+        return WrittenImages(Layout(self._layout_root()))
+
+    def ensure_in_storage(self, ref: str) -> None:
+        """An image the builder wrote, into buildah's storage for what needs it there (a container, a
+        mount, an archive): imported from the layout only when the storage lacks it, and named `ref`
+        there (for an image id, a name the layout gives it). The storage's own images are left as they are."""
+        written = self._written()
+        image_id = written.resolve(ref)
+        if image_id is None:
+            return
+        name = written.storage_name(ref, image_id)
+        if self._stored(image_id):
+            if self._storage_image_id(name) != image_id:
+                run_quiet(self._global_args() + ["tag", image_id, name], f"buildah tag {image_id} {name}")
+            return
+        config, layers = written.image(image_id)
+        root = self._write_once_root()
+        # Under the build lock: a build sweeps the scratch directory, where the import's view lies.
+        with write_once.exclusive(root):
+            write_once.import_image(self._global_args(), written.layout, config, layers, write_once.scratch_dir(root),
+                                    name)
+
+    def _bases_into_storage(self, request: BuildRequest) -> None:
+        """A base the builder wrote, imported: the engine builds FROM its storage."""
+        for ref in base_image_refs(request.dockerfile.read_text(errors="replace"), request.build_args):
+            self.ensure_in_storage(ref)
 
     # -- canonical export ----------------------------------------------------------------------
 
@@ -280,9 +325,9 @@ class BuildahEngine:
         diff_ids = [layer.diff_id for layer in info.layers]
         best = (0, 0)
         for ref in base_image_refs(request.dockerfile.read_text(errors="replace"), request.build_args):
-            if not self.exists(ref):
+            if not self._stored(ref):
                 continue
-            base = self.inspect(ref)
+            base = self._inspect_stored(ref)
             own = [layer.diff_id for layer in base.layers]
             if diff_ids[:len(own)] == own and len(own) > best[0]:
                 best = (len(own), len(base.config.get("history") or []))
@@ -294,9 +339,9 @@ class BuildahEngine:
         then depend on which names the storage happens to hold. Refuse that case up front."""
         text = request.dockerfile.read_text(errors="replace")
         for ref in base_image_refs(text, request.build_args):
-            if not self.exists(ref):
+            if not self._stored(ref):
                 continue  # buildah reports a missing base itself
-            names = self._names(ref)
+            names = self._storage_names(ref)
             if len(names) > 1:
                 others = ", ".join(name for name in names if name != ref) or ", ".join(names)
                 raise UserError(
@@ -304,24 +349,30 @@ class BuildahEngine:
                     f"which name buildah records; remove the extra names (buildah rmi NAME)"
                 )
 
-    def _previous_tags(self, tags: tuple[str, ...]) -> tuple[dict, dict]:
-        """Where each tag points now, in buildah and the daemon: what a failed build puts back."""
-        previous = {tag: self._image_id_or_none(tag) for tag in tags}
-        previous_daemon = (
-            {tag: self.daemon.image_id(tag) for tag in tags} if self.export_to_docker else {}
+    def _previous_tags(self, tags: tuple[str, ...]) -> _TagPlaces:
+        """Where each tag points now, in the layout, buildah's storage and the daemon."""
+        return _TagPlaces(
+            refs=self._written().snapshot(tags),
+            storage={tag: self._storage_image_id(tag) for tag in tags},
+            daemon={tag: self.daemon.image_id(tag) for tag in tags} if self.export_to_docker else {},
         )
-        return previous, previous_daemon
 
-    def _apply_tags(self, info: ImageInfo, tags: tuple[str, ...], previous_tags: tuple[dict, dict] | None = None,
-                    ) -> int:
-        """Tag in buildah's storage and copy into the daemon; on any failure or Ctrl-C, put every
-        tag back where it was (as `previous_tags` found them, else as they are now), so no tag points
-        at an image that was not fully delivered. Returns the bytes written into the daemon."""
+    def _apply_tags(self, info: ImageInfo, tags: tuple[str, ...], previous_tags: _TagPlaces | None = None) -> int:
+        """Tag where the image lives (the layout's refs, all in one index write, or buildah's storage) and
+        copy into the daemon; on any failure or Ctrl-C, put every tag back where it was (as
+        `previous_tags` found them, else as they are now), so no tag points at an image that was not
+        fully delivered. Returns the bytes written into the daemon."""
         image_id = info.image_id
         delivered = 0
-        previous, previous_daemon = previous_tags or self._previous_tags(tags)
+        previous = previous_tags or self._previous_tags(tags)
+        written = self._written()
+        in_layout = written.holds(image_id)
         try:
-            run_quiet(self._global_args() + ["tag", image_id, *tags], "buildah tag")
+            if in_layout:
+                written.name(tags, image_id)
+            else:
+                run_quiet(self._global_args() + ["tag", image_id, *tags], "buildah tag")
+                written.unname(tags)  # the storage answers for them now
             if self.export_to_docker:
                 if self.daemon.image_id(image_id) == image_id:
                     # Delivered by an earlier build of the same inputs: copying gigabytes again adds nothing.
@@ -331,17 +382,33 @@ class BuildahEngine:
                 for tag in tags[1:]:
                     self.daemon.tag(image_id, tag)
         except BaseException:
-            self._restore_tags(previous, previous_daemon)
+            self._restore_tags(previous)
             raise
+        if in_layout:
+            self._drop_stale_storage_names(previous.storage, image_id)
         return delivered
 
-    def _restore_tags(self, previous: dict, previous_daemon: dict) -> None:
-        for tag, old_id in previous.items():
+    def _drop_stale_storage_names(self, stored: Mapping[str, str | None], image_id: str) -> None:
+        """The layout's refs took these names (`stored`: the image each named in buildah's storage): where
+        the storage gives one to another image, it goes there too, or buildah would still find that image
+        by it (and record it as a base's name). Only an image of the storage's own keeps its last name,
+        the layout's ref answering for it before the storage."""
+        written = self._written()
+        for name, stored_id in stored.items():
+            if stored_id not in (None, image_id) and (len(self._storage_names(stored_id)) > 1
+                                                      or written.holds(stored_id)):
+                run_quiet(self._global_args() + ["rmi", name], f"removing the name {name} from buildah's storage")
+
+    def _restore_tags(self, previous: _TagPlaces) -> None:
+        self._written().restore(previous.refs)
+        for tag, old_id in previous.storage.items():
+            if self._storage_image_id(tag) == old_id:
+                continue
             if old_id is None:
                 self._untag(tag)
             else:
                 run_quiet(self._global_args() + ["tag", old_id, tag], "buildah tag")
-        for tag, old_id in previous_daemon.items():
+        for tag, old_id in previous.daemon.items():
             if old_id is None:
                 self.daemon.remove(tag)
             else:
@@ -365,7 +432,7 @@ class BuildahEngine:
         config = info.config_bytes
         if "sha256:" + hashlib.sha256(config).hexdigest() != info.image_id:
             return None
-        blobs = self._write_once_root() / "layout" / "blobs" / "sha256"
+        blobs = self._layout_root() / "blobs" / "sha256"
         load = self.daemon.load_stream
         try:
             done = delivery.deliver_from_layout(blobs, config, diff_ids, skip, tag, load)
@@ -406,21 +473,36 @@ class BuildahEngine:
                 "the copy changed the image config"
             )
 
-    def _image_id_or_none(self, ref: str) -> str | None:
-        return self.inspect(ref).image_id if self.exists(ref) else None
-
     def _untag(self, tag: str) -> None:
         # `buildah rmi NAME` on an image with other names removes only that name.
-        if self.exists(tag):
-                run_quiet(self._global_args() + ["rmi", tag], f"removing tag {tag}")
+        if self._stored(tag):
+            run_quiet(self._global_args() + ["rmi", tag], f"removing tag {tag}")
 
     def exists(self, ref: str) -> bool:
-        return _exit_ok(self._global_args() + ["inspect", "--type", "image", ref])
+        return self._written().resolve(ref) is not None or self._stored(ref)
+
+    def image_id(self, ref: str) -> str | None:
+        return self._written().resolve(ref) or self._storage_image_id(ref)
 
     def inspect(self, ref: str) -> ImageInfo:
+        written = self._written()
+        image_id = written.resolve(ref)
+        if image_id is not None:
+            return written.info(image_id)
+        return self._inspect_stored(ref)
+
+    # -- buildah's storage alone -----------------------------------------------------------------
+
+    def _stored(self, ref: str) -> bool:
+        return _exit_ok(self._global_args() + ["inspect", "--type", "image", ref])
+
+    def _storage_image_id(self, ref: str) -> str | None:
+        return self._inspect_stored(ref).image_id if self._stored(ref) else None
+
+    def _inspect_stored(self, ref: str) -> ImageInfo:
         if shutil.which(self.command[0]) is None:
             raise UserError(f"{self.command[0]} not found: {INSTALL_HINT}")
-        if not self.exists(ref):
+        if not self._stored(ref):
             raise ImageNotFound(f"image {ref} not found in buildah's storage")
         raw = json.loads(
             run_quiet(self._global_args() + ["inspect", "--type", "image", ref], f"inspect {ref}")
@@ -433,7 +515,7 @@ class BuildahEngine:
             sizes = [None] * len(diff_ids)
         return ImageInfo(
             image_id=_normalise_id(raw["FromImageID"]),
-            tags=self._names(ref),
+            tags=self._storage_names(ref),
             created=config.get("created", ""),
             labels=dict(sorted((config.get("config", {}).get("Labels") or {}).items())),
             layers=layers_from_history(diff_ids, config.get("history", []), sizes),
@@ -441,14 +523,27 @@ class BuildahEngine:
             config_bytes=raw["Config"].encode(),
         )
 
-    def _names(self, ref: str) -> tuple[str, ...]:
+    def _storage_names(self, ref: str) -> tuple[str, ...]:
         listing = json.loads(
             run_quiet(self._global_args() + ["images", "--json", ref], f"buildah images {ref}")
         )
         return tuple(sorted(name for image in listing for name in image.get("names") or ()))
 
+    # -- names -----------------------------------------------------------------------------------
+
     def tag(self, ref: str, new_tag: str) -> None:
-        run_quiet(self._global_args() + ["tag", ref, new_tag], f"buildah tag {ref} {new_tag}")
+        """In the layout's refs for an image it holds (where buildah's storage gives the name to another
+        image, it leaves the storage: _drop_stale_storage_names), else in buildah's storage (the name then
+        leaves the refs): one home answers for it. Then in the daemon, where the engine delivers."""
+        written = self._written()
+        image_id = written.resolve(ref)
+        if image_id is not None:
+            stored = {new_tag: self._storage_image_id(new_tag)}
+            written.name([new_tag], image_id)
+            self._drop_stale_storage_names(stored, image_id)
+        else:
+            run_quiet(self._global_args() + ["tag", ref, new_tag], f"buildah tag {ref} {new_tag}")
+            written.unname([new_tag])
         if self.export_to_docker:
             info = self.inspect(ref)
             image_id = info.image_id
@@ -458,7 +553,10 @@ class BuildahEngine:
                 self.daemon.tag(image_id, new_tag)
 
     def remove(self, ref: str) -> None:
-        if self.exists(ref):
+        """The name from the layout's refs, buildah's storage (with the image there once no other name
+        holds it) and the daemon; the layout's blobs stay, its content cache."""
+        self._written().remove(ref)
+        if self._stored(ref):
             run_quiet(self._global_args() + ["rmi", ref], f"buildah rmi {ref}")
         if self.export_to_docker:
             self.daemon.remove(ref)
@@ -472,6 +570,7 @@ class BuildahEngine:
         return _normalise_id(output.strip().splitlines()[-1])
 
     def save(self, ref: str, archive: Path) -> None:
+        self.ensure_in_storage(ref)
         partial = archive.with_name(archive.name + ".partial")
         partial.unlink(missing_ok=True)
         try:
@@ -487,14 +586,14 @@ class BuildahEngine:
 
     def push_to_registry(self, image_id: str, destination: str, tls_verify: bool, auth_file: Path) -> str:
         """From the write-once layout when it holds the image (engine/layout_push.py), else from the storage."""
-        root = self._write_once_root()
-        if (root / "layout").is_dir():
+        root, layout = self._write_once_root(), Layout(self._layout_root())
+        if layout.root.is_dir():
             # Under the build lock: a build sweeps the scratch directory, where the push's view lies.
             with write_once.exclusive(root):
-                held = layout_push.held_image(Layout(root / "layout"), image_id)
+                held = layout_push.held_image(layout, image_id)
                 if held is not None:
-                    return layout_push.push(Layout(root / "layout"), write_once.scratch_dir(root), held,
-                                            destination, tls_verify, auth_file)
+                    return layout_push.push(layout, write_once.scratch_dir(root), held, destination, tls_verify,
+                                            auth_file)
         with tempfile.TemporaryDirectory(prefix="builder-push-") as scratch:
             digest_file = Path(scratch) / "digest"
             run_quiet(self._global_args() + [
@@ -510,15 +609,19 @@ class BuildahEngine:
 
     @contextlib.contextmanager
     def container_api(self) -> Iterator[ContainerApi]:
-        """podman's Docker API over this storage (engine/podman_service.py): no copy into the daemon."""
+        """podman's Docker API over this storage (engine/podman_service.py): no copy into the daemon. An image
+        the builder wrote runs there once ensure_in_storage put it there."""
         with podman_service.serve(self.storage_dir) as service:
-            yield ContainerApi(service.client, service.url, service.pid)
+            yield ContainerApi(service.client, service.url, service.pid, self._layout_root())
 
     def layer_tars(self, ref: str) -> list[tuple[str, Path]] | None:
         """From the write-once layout, whose layer blobs are uncompressed (blob digest = diff_id)."""
-        layout = Layout(self._write_once_root() / "layout")
+        layout = Layout(self._layout_root())
         layers = [(layer.diff_id, layout.blob_path(layer.diff_id)) for layer in self.inspect(ref).layers]
         return layers if all(path.is_file() for _, path in layers) else None
+
+    def layout_image(self, image_id: str) -> rootfs_container.LayoutImage | None:
+        return rootfs_container.layout_image(self._write_once_root(), image_id)
 
     def docker_loader(self) -> BuildahEngine:
         return BuildahEngine(storage_dir=self.storage_dir, export_to_docker=True, command=self.command)
@@ -542,6 +645,7 @@ class BuildahEngine:
     @contextlib.contextmanager
     def mounted(self, ref: str) -> Iterator[Path]:
         """The image's root filesystem, mounted read-only through a throwaway working container."""
+        self.ensure_in_storage(ref)
         container = run_quiet(self._global_args() + ["from", "--pull=never", "--quiet", ref],
                               f"buildah from {ref}").strip().splitlines()[-1]
         try:
@@ -551,11 +655,14 @@ class BuildahEngine:
             run_quiet(self._global_args() + ["rm", container], f"buildah rm {container}")
 
     def reset_storage(self) -> None:
-        """Empty a private storage (containers, images, cache): the next build starts cold."""
+        """Empty a private storage (containers, images and the layout's names of them, cache): the next
+        build starts cold."""
         if self.storage_dir is None:
             raise UserError("refusing to empty buildah's shared storage: use a private storage_dir")
         run_quiet(self._global_args() + ["rm", "--all"], "buildah rm --all")
         run_quiet(self._global_args() + ["rmi", "--all", "--force"], "buildah rmi --all")
+        layout = Layout(self._layout_root())
+        layout.remove_refs(layout.ref_names())
 
 
 _FROM = re.compile(r"^[ \t]*FROM[ \t]+(?:--\S+[ \t]+)*(\S+)(?:[ \t]+AS[ \t]+(\S+))?", re.I | re.M)

@@ -8,30 +8,20 @@ home directories, the current directory, and BUILDER_CHROOT_SHARE's colon-separa
 into it at the same paths, then the command runs chrooted there. Nothing leaks into the host's mounts.
 Used as a command prefix: BUILDER_BUILDAH="python -m builder.engine.chrooted ROOT buildah".
 
-Each such command has a namespace of its own, so what it mounts (`buildah mount`) is gone when it ends.
-A build that reads a container's files through the engine's mount holds one namespace instead
-(held_namespace): a process parked in it, every command entered into it with nsenter, and the mounted
-files read through that process's root (/proc/PID/root), as the kernel shows them to it.
+Each such command has a namespace of its own, so what it mounts is gone when it ends (the write-once
+build mounts nothing through the engine: it stacks the layers itself).
 """
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import os
-import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-
-from builder.errors import BuildFailure
 
 _MARKER = "BUILDER_CHROOTED_NAMESPACE"
 _KERNEL = ("/proc", "/sys", "/dev")
 _SHARED = ("/tmp", "/var/tmp", "/root", "/home")
-_PR_SET_PDEATHSIG = 1
 _PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
@@ -63,55 +53,6 @@ def _enter(root: Path, command: list[str]) -> None:
     os.environ.pop(_MARKER, None)
     os.environ["PATH"] = _PATH
     os.execvp(command[0], command)
-
-
-def chrooted_root(prefix: Sequence[str]) -> Path | None:
-    """The root a command prefix runs its command from, when it is this module's prefix."""
-    if len(prefix) >= 5 and list(prefix[1:3]) == ["-m", __name__]:
-        return Path(prefix[3])
-    return None
-
-
-@contextlib.contextmanager
-def held_namespace(prefix: Sequence[str], cwd: Path) -> Iterator[tuple[list[str], Callable[[str], Path]]]:
-    """For the block: (a prefix running the same command inside one held namespace, in `cwd`, and a
-    function from a path there to where this process reads it). A prefix of no chroot is given back as
-    it is. Commands entered run in the holder's working directory, `cwd` as the chroot shows it: a
-    directory opened outside would be unreachable from the chroot's root, and buildah resolves
-    relative paths through it."""
-    root = chrooted_root(prefix)
-    if root is None:
-        yield list(prefix), Path
-        return
-    holder = subprocess.Popen([*prefix[:4], "sleep", "infinity"], stdin=subprocess.DEVNULL, cwd=cwd,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=_die_with_parent)
-    try:
-        _wait_until_chrooted(holder, root.resolve())
-        entered = ["nsenter", f"--target={holder.pid}", "--mount", "--root", "--wd", "--", *prefix[4:]]
-        seen_from_here = Path(f"/proc/{holder.pid}/root")
-        yield entered, lambda inside: seen_from_here / str(inside).lstrip("/")
-    finally:
-        holder.kill()
-        holder.wait()
-
-
-def _die_with_parent() -> None:
-    """The holder goes when the build does, even a killed one (the signal outlives exec)."""
-    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-
-
-def _wait_until_chrooted(holder: subprocess.Popen, root: Path, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if holder.poll() is not None:
-            detail = (holder.stderr.read().decode(errors="replace").strip().splitlines() or ["no output"])[-1]
-            raise BuildFailure(f"the chroot of {root} ended before it was held: {detail}")
-        with contextlib.suppress(OSError):
-            if os.readlink(f"/proc/{holder.pid}/root") == str(root) and \
-                    Path(f"/proc/{holder.pid}/comm").read_text().strip() == "sleep":
-                return
-        time.sleep(0.05)
-    raise BuildFailure(f"the chroot of {root} was not held within {timeout_s:.0f} s")
 
 
 def main(argv: list[str]) -> int:

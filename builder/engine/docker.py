@@ -186,6 +186,9 @@ class DockerEngine:
     def docker_loader(self) -> None:
         return None  # built in the daemon: nothing to load
 
+    def layout_image(self, image_id: str) -> None:
+        return None  # its images live in the daemon: containers come from there
+
     def load_into_docker(self, result: BuildResult, tags: Sequence[str]) -> int:
         return 0  # built in the daemon, where build() tagged it
 

@@ -24,6 +24,8 @@ from builder.errors import UserError
 if TYPE_CHECKING:
     import docker
 
+    from builder.engine.image_container import ImageSource
+
     from builder.engine.canonical_export import CanonicalIndex
 
 # Each line the engine prints during a build; the caller decides how to show it (terminal or CI).
@@ -144,6 +146,9 @@ class ContainerApi:
     connect: Callable[[], docker.DockerClient]  # the client once the API answers (a service may still start)
     url: str  # for the watchdog (engine/reaper.py), a process of its own
     service_pid: int | None = None  # a service started for this API, which the watchdog stops too
+    # The OCI layout whose refs name the images the builder wrote (buildah's): a run's candidate tag is
+    # one of them, which the sweeps (engine/leftovers.py) and the watchdog remove there too.
+    layout: Path | None = None
 
     @property
     def client(self) -> docker.DockerClient:
@@ -200,7 +205,8 @@ class Engine(Protocol):
         """The image id `ref` names (the sha256 of its config); None when the storage holds no such image."""
 
     def exists(self, ref: str) -> bool:
-        """Whether the engine's storage holds `ref`."""
+        """Whether the engine holds `ref` (buildah: in the layout of the images the builder wrote, or in
+        its storage)."""
 
     def tag(self, ref: str, new_tag: str) -> None:
         """Point `new_tag` at `ref`, in the engine and where it delivers images (the daemon)."""
@@ -233,6 +239,11 @@ class Engine(Protocol):
         """(diff_id, uncompressed tar) of each of the image's layers, base first, where the engine keeps
         them as files of its own (the write-once layout); None where it keeps none or lacks one."""
 
+    def layout_image(self, image_id: str) -> ImageSource | None:
+        """The image as a root the builder stacks from its layout's layer trees, for the short containers
+        of the smoke checks and the SBOM (engine/rootfs_container.py); None where the engine keeps no
+        layout or it lacks the image (then its containers come from the storage, by name)."""
+
 
 class StorageEngine(Engine, Protocol):
     """An engine whose storage the builder can make anew, mount and read: what `builder verify` needs
@@ -255,6 +266,10 @@ class StorageEngine(Engine, Protocol):
 
     def mounted(self, ref: str) -> contextlib.AbstractContextManager[Path]:
         """The image's root filesystem, read-only, for the block's length."""
+
+    def ensure_in_storage(self, ref: str) -> None:
+        """An image the builder wrote (kept in its OCI layout) into the engine's storage, under the name
+        `ref`, only when the storage lacks it: before a container of it runs through container_api()."""
 
     def reset_storage(self) -> None:
         """Empty a private storage: the next build starts cold."""

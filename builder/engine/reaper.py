@@ -3,8 +3,8 @@
 The run starts it in a session of its own and holds the write end of its stdin. A run that ends
 normally writes "done" before closing it; a run that dies (even by SIGKILL) closes it with nothing
 written, and then the watchdog removes the run's smoke containers and candidate tags through the
-Docker API at URL and stops the podman service the run started (--service-pid), so nothing of the
-run keeps going without it.
+Docker API at URL and among the refs of the builder's OCI layout (--layout), and stops the podman
+service the run started (--service-pid), so nothing of the run keeps going without it.
 """
 
 from __future__ import annotations
@@ -24,12 +24,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--api", required=True, help="the Docker API the run's containers live behind")
     parser.add_argument("--owner", required=True, help="HOST:PID of the run")
     parser.add_argument("--service-pid", type=int, help="the podman service the run started")
+    parser.add_argument("--layout", type=Path, help="the OCI layout whose refs name the images the builder wrote")
     args = parser.parse_args(argv)
     said = sys.stdin.buffer.read()  # returns at EOF: when the run closes it or dies
     if said.strip() == DONE:
         return 0  # the run cleaned up and stops its own service
     try:
-        _sweep(args.api, args.owner)
+        _sweep(args.api, args.owner, args.layout)
     finally:
         if args.service_pid:
             stop(args.service_pid)
@@ -44,18 +45,21 @@ def _remove_socket(api: str) -> None:
         path.unlink(missing_ok=True)
 
 
-def _sweep(api: str, owner_label: str) -> None:
+def _sweep(api: str, owner_label: str, layout: Path | None) -> None:
     import docker  # only a dying run needs the SDK
 
-    from builder.engine.leftovers import sweep
+    from builder.engine.leftovers import Swept, sweep, sweep_refs
     from builder.engine.ownership import Owner
 
     owner = Owner.from_label(owner_label)
+    # The layout's refs first: they need no API, which the run's dead podman service may not answer.
+    refs = sweep_refs(layout, lambda found: found == owner) if layout is not None else []
     try:
         swept = sweep(docker.DockerClient(base_url=api, timeout=120), lambda found: found == owner)
     except Exception as error:  # noqa: BLE001 - the service must still be stopped; say why nothing was swept
         print(f"reaper: could not sweep {owner_label} at {api}: {error}", file=sys.stderr)
-        return
+        swept = Swept()
+    swept = Swept(swept.containers, tuple(sorted({*swept.tags, *refs})))
     if swept:
         print(f"reaper: removed what run {owner_label} left: {swept.describe()}", file=sys.stderr)
 

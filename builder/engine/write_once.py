@@ -1,14 +1,15 @@
 """The write-once build: the builder runs the rendered Dockerfile's steps itself and writes each layer once.
 
-One buildah working container on the base runs every step that needs the image's own programs
-(`buildah run --network none`) and receives every COPY (`buildah copy`); after each step the
-builder reads what changed through `buildah mount` and writes it as one canonical layer into an OCI
-layout (builder/oci/tree_layer.py). The wheel groups' install steps are not run: their layers are
-written from the groups' plans straight from the wheels (builder/oci/wheel_layer.py). The engine never commits a layer and never exports one; the config
-and history are the builder's, from the Dockerfile (builder/oci/dockerfile_plan.py), in the form the
-canonical export gives an engine-built image, so both paths name one image by one id. The finished
-layout is imported into buildah's storage (`buildah pull oci:`), where the smoke checks, tags and
-push find it. Only public commands of the engine are used.
+The image's layers, each extracted once into a tree kept by its diff_id (builder/oci/layer_tree.py),
+are stacked by overlayfs under a fresh upper directory (overlay_mount.py): the root every step that
+needs the image's own programs runs on, by the OCI runtime with no network (step_runner.py), and every
+COPY writes into (builder/oci/context_copy.py). After each step the builder reads what changed and
+writes it as one canonical layer into an OCI layout (builder/oci/tree_layer.py). The wheel groups'
+install steps are not run: their layers are written from the groups' plans straight from the wheels
+(builder/oci/wheel_layer.py). No engine runs a step, commits a layer or exports one; buildah only
+hands over the base. The config and history are the builder's, from the Dockerfile
+(builder/oci/dockerfile_plan.py), in the form the canonical export gives an engine-built image, so
+both paths name one image by one id. The finished image stays in the layout: its home.
 """
 
 from __future__ import annotations
@@ -20,25 +21,24 @@ import gzip
 import json
 import os
 import posixpath
-import re
 import secrets
 import shutil
-import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from builder.engine import overlay_mount, staging, step_runner
 from builder.engine.image_names import image_names
-from builder.engine.process import run_quiet, run_streaming
+from builder.engine.process import run_quiet
 from builder.engine.protocol import BuildRequest, ProgressCallback
-from builder.engine import staging
 from builder.errors import BuildFailure
 from builder.files import TEMP_SUFFIX
-from builder.oci import canonical
+from builder.oci import canonical, context_copy
 from builder.oci import dockerfile_plan, layer_listing, step_cache, tree_layer, wheel_layer
+from builder.oci.layer_tree import LayerTrees
 from builder.oci.layout import Layout, digest_of, linked_layout
 from builder.paths import TOOLS_DIR, layer_listings_dir
 
@@ -92,12 +92,6 @@ def _base_blobs(buildah: Sequence[str], ref: str, diff_ids: Sequence[str], layou
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-_CONTAINER_PREFIX = "builder-write-once-"
-_PREFIX_IMAGE = "localhost/builder-write-once-prefix-"
-# What a build names its working container and prefix image: the owner is its process id.
-_LEFTOVER = re.compile(r"^(?:localhost/)?builder-write-once-(?:prefix-)?(\d+)-[0-9a-f]{8}(?::\d+)?$")
-
-
 @contextlib.contextmanager
 def exclusive(root: Path) -> Iterator[None]:
     """One write-once build at a time over one store (a lock file held for the block, freed by the
@@ -108,65 +102,56 @@ def exclusive(root: Path) -> Iterator[None]:
         yield
 
 
-def sweep_leftovers(buildah: Sequence[str], store: Layout, workdir: Path) -> list[str]:
-    """What a killed build left, under the lock: its half-written blobs, its scratch layouts, and the
-    working containers and prefix images of builds whose process is gone. Returns what went."""
-    swept = []
-    for path in [*store.blobs.glob(f".*{TEMP_SUFFIX}"), *(workdir.iterdir() if workdir.is_dir() else ())]:
+def sweep_leftovers(store: Layout, root: Path) -> list[str]:
+    """What a killed build left, under the lock: its half-written blobs and trees, its runtime
+    containers and mounts, its scratch. Returns what went."""
+    swept = _runner(root).sweep() + overlay_mount.sweep(_roots(root)) + _trees(root).sweep()
+    for path in [*store.blobs.glob(f".*{TEMP_SUFFIX}"), *scratch_dir(root).iterdir()]:
         shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
         swept.append(path.name)
-    # An empty storage lists `null`.
-    for container in json.loads(run_quiet([*buildah, "containers", "--json"], "buildah containers") or "[]") or []:
-        name = container.get("containername") or ""
-        if _dead_owner(name):
-            run_quiet([*buildah, "rm", name], f"removing the working container {name}")
-            swept.append(name)
-    for image in json.loads(run_quiet([*buildah, "images", "--json"], "buildah images") or "[]") or []:
-        for name in image.get("names") or ():
-            if _dead_owner(name):
-                run_quiet([*buildah, "rmi", name], f"removing the prefix image {name}")
-                swept.append(name)
     return swept + staging.sweep()
 
 
-def _dead_owner(name: str) -> bool:
-    found = _LEFTOVER.match(name)
-    if found is None:
-        return False
-    try:
-        os.kill(int(found[1]), 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        pass  # alive, someone else's
-    return False
+def _runner(root: Path) -> step_runner.StepRunner:
+    return step_runner.StepRunner(root / "runtime", scratch_dir(root))
 
 
-class _WorkingContainer:
-    """The one container the steps that need the image's own programs run in. It is started on the image
-    of the layers so far, and started again after a layer the builder wrote without it (a wheel group),
-    whose files it lacks; unpacking them into it instead would write them twice."""
+def _trees(root: Path) -> LayerTrees:
+    return LayerTrees(root / "trees")
 
-    def __init__(self, buildah: Sequence[str], owner: str, seen: Callable[[str], Path]) -> None:
-        self.buildah, self.owner, self.seen = list(buildah), owner, seen
-        self.name: str | None = None
+
+def _roots(root: Path) -> Path:
+    """Where the steps' stacked roots are mounted."""
+    return root / "roots"
+
+
+class _OwnRoot:
+    """The root the steps that need the image's own programs run on: the trees of the layers so far
+    stacked under a fresh upper directory. It is stacked again after a layer the builder wrote without
+    it (a wheel group), whose files it lacks."""
+
+    def __init__(self, store: Layout, trees: LayerTrees, scratch: Path) -> None:
+        self.store, self.trees, self.scratch = store, trees, scratch
+        self._mount: contextlib.ExitStack | None = None
         self.root = Path()
 
-    def start(self, image: str, after_run: bool) -> None:
-        """On `image`; `after_run`: a RUN step came before, so the engine's mount-point stubs are made
-        first (_make_engine_stubs)."""
+    def lowers(self, diff_ids: Sequence[str]) -> list[Path]:
+        """The layers' trees, extracted where missing."""
+        return [self.trees.tree(self.store, diff_id) for diff_id in diff_ids]
+
+    def start(self, lowers: Sequence[Path], after_run: bool) -> None:
+        """On the trees `lowers`; `after_run`: a RUN step came before, so the engine's stubs are made
+        first (step_runner.engine_stubs)."""
         self.close()
-        name = f"{_CONTAINER_PREFIX}{self.owner}-{secrets.token_hex(4)}"
-        run_quiet([*self.buildah, "from", "--pull=never", "--name", name, image], f"buildah from {image}")
-        self.name = name
-        self.root = self.seen(run_quiet([*self.buildah, "mount", name], f"buildah mount {name}").strip())
+        self._mount = contextlib.ExitStack()
+        self.root = self._mount.enter_context(overlay_mount.stacked(lowers, self.scratch)).merged
         if after_run:
-            _make_engine_stubs(self.buildah, name)
+            step_runner.engine_stubs(self.root)
 
     def close(self) -> None:
-        if self.name is not None:
-            subprocess.run([*self.buildah, "rm", self.name], capture_output=True, stdin=subprocess.DEVNULL)
-            self.name = None
+        if self._mount is not None:
+            self._mount.close()
+            self._mount = None
 
 
 def _planned_install(step: dockerfile_plan.Step, context_dir: Path) -> tuple[Path, Path] | None:
@@ -243,35 +228,11 @@ def _copied_to(step: dockerfile_plan.Step) -> str | None:
     return posixpath.normpath(step.destination).strip("/") or None
 
 
-def _run_step(buildah: Sequence[str], container: str, root: Path, step: dockerfile_plan.Step, context_dir: Path,
+def _run_step(runner: step_runner.StepRunner, root: Path, step: dockerfile_plan.Step, context_dir: Path,
               config: _Config, args: dict[str, str], progress: ProgressCallback | None) -> None:
-    env = {**args, **config.env()}
-    run_quiet([*buildah, "config", *[a for k, v in env.items() for a in ("--env", f"{k}={v}")], container],
-              f"setting the environment of {container}")
-    created_targets = []
-    argv = [*buildah, "run", "--network", "none"]
-    for source, target in step.mounts:
-        if not os.path.lexists(root / target.lstrip("/")):
-            created_targets.append(root / target.lstrip("/"))
-        argv += ["--mount", f"type=bind,src={context_dir / source},dst={target},ro"]
-    if config.inner.get("User"):
-        argv += ["--user", config.inner["User"]]
-    if config.inner.get("WorkingDir"):
-        argv += ["--workingdir", config.inner["WorkingDir"]]
-    run_streaming([*argv, container, "--", *step.argv], what=f"RUN at Dockerfile line {step.line}",
-                  on_line=progress)
-    # `buildah build` removes the mount points it made; `buildah run` leaves them.
-    for target in created_targets:
-        with contextlib.suppress(OSError):
-            target.rmdir()
-
-
-def _make_engine_stubs(buildah: Sequence[str], container: str) -> None:
-    """Let the engine make its mount-point stubs (canonical.ENGINE_STUBS) before the first step runs, as
-    the cached prefix's first RUN made them in the build that wrote it. Its layers leave them out, so
-    without this the next RUN would make them again and its layer would gain their directory."""
-    run_quiet([*buildah, "run", "--network", "none", container, "--", "/bin/sh", "-c", ":"],
-              f"preparing {container}'s mount points")
+    runner.run(root, step.argv, {**args, **config.env()}, config.inner.get("User"), config.inner.get("WorkingDir"),
+               [(context_dir / source, target) for source, target in step.mounts],
+               what=f"RUN at Dockerfile line {step.line}", on_line=progress)
 
 
 def step_keys(plan: dockerfile_plan.Plan, base_id: str, epoch: int, context_dir: Path,
@@ -288,23 +249,20 @@ def step_keys(plan: dockerfile_plan.Plan, base_id: str, epoch: int, context_dir:
     return keys
 
 
-def write_image(buildah: Sequence[str], request: BuildRequest, partial: PartialImages,
-                cache: step_cache.StepCache, memo: step_cache.DigestMemo,
-                progress: ProgressCallback | None = None, seen: Callable[[str], Path] = Path) -> WrittenImage:
+def write_image(buildah: Sequence[str], request: BuildRequest, root: Path, progress: ProgressCallback | None = None,
+                ) -> WrittenImage:
     """Every step of `request`'s Dockerfile that the cache does not hold run (or, for a wheel group,
-    written from its plan), each layer written once into `partial`'s store. The longest cached prefix of
-    steps is not run: the working container starts on the image of its layers, imported from the store
-    (`partial`, which also imports each layer in the background as it is written), and starts again so
-    after a wheel group. The image's config and layers are in the result. `seen` maps a path
-    `buildah mount` prints to where this process reads it (chrooted.py)."""
+    written from its plan), each layer written once into the layout under `root`. The longest cached
+    prefix of steps is not run: the first step to run starts on the trees of its layers. The image's
+    config and layers are in the result."""
     started = time.monotonic()
-    store, workdir = partial.store, partial.workdir
+    store, workdir, trees = Layout.create(root / "layout"), scratch_dir(root), _trees(root)
+    cache, memo = step_cache.StepCache(root / "steps"), step_cache.DigestMemo(root / "digests.json")
     plan = dockerfile_plan.parse(request.dockerfile.read_text(), dict(request.build_args))
     base_id, base_config = _base(buildah, plan.base)
     config = _Config(base_config)
     base_layers = list(config.diff_ids)
     _base_blobs(buildah, plan.base, base_layers, store, workdir)
-    partial.stored.update(base_layers)  # the base is in the storage: the build started from it there
     created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(request.source_date_epoch))
     config.data["created"] = created  # `buildah build --timestamp`: the image's time is the build's
     sizes = {diff_id: store.blob_path(diff_id).stat().st_size for diff_id in base_layers}
@@ -316,11 +274,12 @@ def write_image(buildah: Sequence[str], request: BuildRequest, partial: PartialI
         layer_steps = sum(not step.empty_layer for step in plan.steps)
         progress(f"layer cache: {reused.layers} of {layer_steps} layers reused")
     written = bytes_written = 0
-    container = _WorkingContainer(buildah, partial.owner, seen)
-    current = False  # whether the container holds every layer so far
+    own_root = _OwnRoot(store, trees, _roots(root))
+    runner = _runner(root)
+    current = False  # whether the root holds every layer so far
     before: dict = {}
     build_started = 0
-    groups = _GroupWriter(store, request, memo)
+    groups = _GroupWriter(store, trees, request, memo)
     try:
         for index in range(first_to_run, len(plan.steps)):
             groups.start(index, plan.steps[index])
@@ -334,26 +293,23 @@ def write_image(buildah: Sequence[str], request: BuildRequest, partial: PartialI
                 current = False
             else:
                 if not current:
-                    importing = time.monotonic()
-                    start = plan.base if config.diff_ids == base_layers else \
-                        partial.import_current(config.serialised(), canonical.layer_descriptors(config.diff_ids, sizes))
-                    if progress and start != plan.base:
-                        progress(f"working container on the {len(config.diff_ids)} layers so far (stored in "
-                                 f"{time.monotonic() - importing:.1f} s)")
-                    # After the import: a directory it extracted is older than the mark, so its copy-up is
+                    stacking = time.monotonic()
+                    lowers = own_root.lowers(config.diff_ids)
+                    # After the trees: a directory they hold is born before the mark, so its copy-up is
                     # not taken for a directory made again.
                     build_started = tree_layer.mark(workdir)
-                    container.start(start, any(s.keyword == "RUN" for s in plan.steps[:index]))
-                    before, current = tree_layer.snapshot(container.root), True
+                    own_root.start(lowers, any(s.keyword == "RUN" for s in plan.steps[:index]))
+                    if progress and len(config.diff_ids) > len(base_layers):
+                        progress(f"root on the {len(config.diff_ids)} layers so far "
+                                 f"({time.monotonic() - stacking:.1f} s)")
+                    before, current = tree_layer.snapshot(own_root.root), True
                 since = tree_layer.mark(workdir)
                 if step.keyword == "COPY":
-                    run_quiet([*buildah, "copy", "--quiet", container.name,
-                               *[str(request.context_dir / source) for source in step.sources], step.destination],
-                              f"COPY at Dockerfile line {step.line}")
+                    context_copy.copy_into(own_root.root, [request.context_dir / source for source in step.sources],
+                                           step.destination)
                 else:
-                    _run_step(buildah, container.name, container.root, step, request.context_dir, config, args,
-                              progress)
-                layer, before = tree_layer.write_step_layer(store, container.root, since, before,
+                    _run_step(runner, own_root.root, step, request.context_dir, config, args, progress)
+                layer, before = tree_layer.write_step_layer(store, own_root.root, since, before,
                                                             request.source_date_epoch,
                                                             drop_stubs=step.keyword == "RUN",
                                                             build_started_ns=build_started,
@@ -364,14 +320,13 @@ def write_image(buildah: Sequence[str], request: BuildRequest, partial: PartialI
             sizes[layer.diff_id] = layer.size
             written, bytes_written = written + 1, bytes_written + layer.size
             config.record(step, created, layer.diff_id)
-            partial.offer(config.serialised(), canonical.layer_descriptors(config.diff_ids, sizes))
             if progress:
                 progress(f"layer {len(config.diff_ids)}: {layer.diff_id} ({layer.size} bytes, "
                          f"{layer.entries} entries) from line {step.line}"
                          f"{' (written from its wheel plan)' if from_plan else ''}")
     finally:
         groups.close()
-        container.close()
+        own_root.close()
     memo.save()
     data = config.serialised()
     descriptors = tuple(canonical.layer_descriptors(config.diff_ids, sizes))
@@ -384,8 +339,8 @@ class _GroupWriter:
     read from its plan and its wheels alone, so it waits neither for the steps before it nor for the
     other groups, and the groups share the cores (zlib, hashing and the writes let go of the GIL)."""
 
-    def __init__(self, store: Layout, request: BuildRequest, memo: step_cache.DigestMemo) -> None:
-        self.store, self.request, self.memo = store, request, memo
+    def __init__(self, store: Layout, trees: LayerTrees, request: BuildRequest, memo: step_cache.DigestMemo) -> None:
+        self.store, self.trees, self.request, self.memo = store, trees, request, memo
         self.futures: dict[int, Future] = {}
         self.stop = threading.Event()
         self.pool = ThreadPoolExecutor(min(2, os.cpu_count() or 1), thread_name_prefix="wheel-layer")
@@ -397,10 +352,13 @@ class _GroupWriter:
             self.futures[index] = self.pool.submit(self._write, *planned)
 
     def _write(self, plan_file: Path, wheel_dir: Path) -> tree_layer.WrittenLayer:
-        return wheel_layer.write_planned_layer(
+        layer = wheel_layer.write_planned_layer(
             self.store, wheel_layer.WheelPlan.from_json(plan_file.read_bytes(), str(plan_file)), wheel_dir,
             self.request.source_date_epoch, lambda path: self.memo.file_digest(path, path.stat()),
             directories=_BIND_MOUNT_LEAVES, stop=self.stop)
+        # Its tree now, while the blob is in the page cache: the next container step stacks it.
+        self.trees.tree(self.store, layer.diff_id)
+        return layer
 
     def written(self, index: int) -> tree_layer.WrittenLayer | None:
         """Step `index`'s layer once written, or None for a step that installs no wheel group."""
@@ -450,82 +408,6 @@ def _applied_without_layer(plan: dockerfile_plan.Plan, step: dockerfile_plan.Ste
     return True
 
 
-class PartialImages:
-    """Images of the layers written so far, imported into buildah's storage under this build's names:
-    the cached prefix a build starts from, and, in the background while later steps run, each layer as
-    it is written, so the final import finds all but the last few already stored. Their names go only
-    after the final image holds their layers (drop()); a killed build's are swept by owner."""
-
-    def __init__(self, buildah: Sequence[str], store: Layout, workdir: Path, owner: str) -> None:
-        self.buildah, self.store, self.workdir, self.owner = list(buildah), store, workdir, owner
-        self.stem = f"{_PREFIX_IMAGE}{owner}-{secrets.token_hex(4)}"
-        self.names: list[str] = []
-        self._pending: tuple[bytes, list[dict]] | None = None
-        self._closed = False
-        self._failed: BaseException | None = None
-        self._wake = threading.Condition()
-        self._worker: threading.Thread | None = None
-        self._importing = threading.Lock()  # one import at a time: each names the next image
-        self.stored: set[str] = set()  # layers known to be in the storage: not staged again
-
-    def import_now(self, config: bytes, layers: list[dict]) -> str:
-        with self._importing:
-            name = f"{self.stem}:{len(self.names) + 1}"
-            import_image(self.buildah, self.store, config, layers, self.workdir, name, self.stored)
-            self.stored.update(layer["digest"] for layer in layers)
-            self.names.append(name)
-            return name
-
-    def import_current(self, config: bytes, layers: list[dict]) -> str:
-        """This image, imported now, for a step to start on: the one the worker would import next is
-        older, so it is dropped; the worker's import under way is waited for (its layers are then reused)."""
-        with self._wake:
-            self._pending = None
-        return self.import_now(config, layers)
-
-    def offer(self, config: bytes, layers: list[dict]) -> None:
-        """Import this image in the background, or a later one offered before the worker gets to it."""
-        with self._wake:
-            if self._failed is not None or self._closed:
-                return
-            self._pending = (config, layers)
-            if self._worker is None:
-                self._worker = threading.Thread(target=self._work, name="write-once-import", daemon=True)
-                self._worker.start()
-            self._wake.notify()
-
-    def _work(self) -> None:
-        while True:
-            with self._wake:
-                while self._pending is None and not self._closed:
-                    self._wake.wait()
-                if self._pending is None:
-                    return
-                config, layers = self._pending
-                self._pending = None
-            try:
-                self.import_now(config, layers)
-            except BaseException as error:  # only a head start: the final import does it all again
-                with self._wake:
-                    self._failed = error
-                return
-
-    def finish(self) -> None:
-        """Wait for the background import under way; what was still pending is left to the final import."""
-        with self._wake:
-            self._closed = True
-            self._pending = None
-            self._wake.notify()
-        if self._worker is not None:
-            self._worker.join()
-
-    def drop(self) -> None:
-        self.finish()
-        for name in self.names:
-            subprocess.run([*self.buildah, "rmi", name], capture_output=True, stdin=subprocess.DEVNULL)
-        self.names = []
-
-
 def scratch_dir(root: Path) -> Path:
     """The build's scratch under `root`, beside the layout (imports hard-link its blobs), made if missing."""
     workdir = root / "tmp"
@@ -533,44 +415,14 @@ def scratch_dir(root: Path) -> Path:
     return workdir
 
 
-def build_into_storage(buildah: Sequence[str], request: BuildRequest, root: Path,
-                       seen: Callable[[str], Path] = Path) -> WrittenImage:
-    """The write-once build under `root` (its layout, layer cache and scratch), the image left in
-    buildah's storage under the request's first tag: imported, or only named where the background
-    import (or an earlier build) stored it already. Call it under exclusive(root), after the sweep."""
-    store, workdir = Layout.create(root / "layout"), scratch_dir(root)
-    partial = PartialImages(buildah, store, workdir, f"{os.getpid()}")
-    try:
-        written = write_image(buildah, request, partial, step_cache.StepCache(root / "steps"),
-                              step_cache.DigestMemo(root / "digests.json"), request.progress, seen)
-        # The config beside the layers: the layout then holds the whole image, for a push from it.
-        if not store.has_blob(written.image_id):
-            store.write_blob(written.config, expected=written.image_id)
-        partial.finish()
-        # Named first: the background import may have stored this very image, under a name drop() removes.
-        if image_names(buildah, written.image_id):
-            run_quiet([*buildah, "tag", written.image_id, request.tags[0]], "buildah tag")
-        else:
-            import_image(buildah, store, written.config, written.layers, workdir, request.tags[0], partial.stored)
-    finally:
-        partial.drop()
-    return written
-
-
-def build_into_layout(buildah: Sequence[str], request: BuildRequest, root: Path,
-                      seen: Callable[[str], Path] = Path) -> WrittenImage:
-    """The write-once build under `root` (its layout, layer cache and scratch): the image's layers and
-    config in the layout, nothing left in buildah's storage. Call it under exclusive(root), after the sweep."""
-    store, workdir = Layout.create(root / "layout"), scratch_dir(root)
-    partial = PartialImages(buildah, store, workdir, f"{os.getpid()}")
-    try:
-        written = write_image(buildah, request, partial, step_cache.StepCache(root / "steps"),
-                              step_cache.DigestMemo(root / "digests.json"), request.progress, seen)
-        # The config beside the layers: the layout then holds the whole image.
-        if not store.has_blob(written.image_id):
-            store.write_blob(written.config, expected=written.image_id)
-    finally:
-        partial.drop()
+def build_into_layout(buildah: Sequence[str], request: BuildRequest, root: Path) -> WrittenImage:
+    """The write-once build under `root` (its layout, trees, layer cache and scratch): the image's layers
+    and config in the layout. Call it under exclusive(root), after the sweep."""
+    written = write_image(buildah, request, root, request.progress)
+    store = Layout(root / "layout")
+    # The config beside the layers: the layout then holds the whole image.
+    if not store.has_blob(written.image_id):
+        store.write_blob(written.config, expected=written.image_id)
     return written
 
 

@@ -10,17 +10,23 @@ digests.
 Placeholders (empty files under a digest's name) are the one exception, and only in scratch layouts
 handed to buildah: its `oci:` transport reuses a blob whose file exists without opening it
 (delivery.py, canonical_export.py).
+
+Refs are names in the index (entries carrying the ref.name annotation), each pointing at an image's
+manifest. Every change to them is one index write, under a lock file, of a whole new index.json
+(temporary file, fsync, rename): several processes share one layout, a name set together with others
+moves with them or not at all, and a writer killed midway leaves the old index whole.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
 import secrets
 import shutil
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -32,6 +38,9 @@ MANIFEST_MEDIA_TYPE = "application/vnd.oci.image.manifest.v1+json"
 CONFIG_MEDIA_TYPE = "application/vnd.oci.image.config.v1+json"
 REF_ANNOTATION = "org.opencontainers.image.ref.name"
 _LAYOUT_FILE = '{"imageLayoutVersion":"1.0.0"}'
+_INDEX = "index.json"
+# Held around every read-modify-write of the index (freed by the kernel when its holder dies).
+_INDEX_LOCK = "index.lock"
 _CHUNK = 1 << 20
 
 
@@ -102,8 +111,10 @@ class Layout:
         layout.blobs.mkdir(parents=True, exist_ok=True)
         if not (layout.root / "oci-layout").is_file():
             write_atomic(layout.root / "oci-layout", _LAYOUT_FILE)
-        if not (layout.root / "index.json").is_file():
-            layout.write_index([])
+        if not (layout.root / _INDEX).is_file():
+            with layout._index_lock():  # never over an index another process wrote meanwhile
+                if not (layout.root / _INDEX).is_file():
+                    layout.write_index([])
         return layout
 
     # -- blobs ----------------------------------------------------------------------------------
@@ -194,14 +205,15 @@ class Layout:
 
     def index(self) -> dict:
         try:
-            return json.loads((self.root / "index.json").read_text())
+            return json.loads((self.root / _INDEX).read_text())
         except FileNotFoundError:
             raise LayoutError(f"{self.root}: not an OCI image layout (no index.json)") from None
         except ValueError as error:
             raise LayoutError(f"{self.root}: index.json is not JSON: {error}") from None
 
     def write_index(self, manifests: list[dict]) -> None:
-        write_atomic(self.root / "index.json",
+        """The whole index at once; for a scratch layout of one writer (a shared one's refs: update_refs)."""
+        write_atomic(self.root / _INDEX,
                      deterministic_json({"schemaVersion": 2, "manifests": manifests}).decode())
 
     def manifest_descriptor(self, ref: str | None = None) -> dict:
@@ -217,16 +229,85 @@ class Layout:
     def manifest(self, ref: str | None = None, verify: bool = True) -> dict:
         return self.read_json(self.manifest_descriptor(ref)["digest"], verify)
 
-    def write_image(self, config: bytes, layers: list[dict], ref: str | None = None) -> Descriptor:
+    def write_manifest(self, config: bytes, layers: list[dict]) -> Descriptor:
         """Store `config` and a manifest naming it and `layers` (descriptors of blobs already here, or
-        placeholders); make the index list that manifest alone, under `ref` where given. The manifest's
-        descriptor."""
+        placeholders), leaving the index alone. The manifest's descriptor: one image, one digest."""
         config_blob = self.write_blob(config)
-        manifest = self.write_json({"schemaVersion": 2, "mediaType": MANIFEST_MEDIA_TYPE,
-                                    "config": config_blob.as_json(CONFIG_MEDIA_TYPE), "layers": layers})
+        return self.write_json({"schemaVersion": 2, "mediaType": MANIFEST_MEDIA_TYPE,
+                                "config": config_blob.as_json(CONFIG_MEDIA_TYPE), "layers": layers})
+
+    def write_image(self, config: bytes, layers: list[dict], ref: str | None = None) -> Descriptor:
+        """write_manifest, then make the index list that manifest alone, under `ref` where given (a
+        scratch layout handed to a reader). The manifest's descriptor."""
+        manifest = self.write_manifest(config, layers)
         annotations = {REF_ANNOTATION: ref} if ref is not None else None
         self.write_index([manifest.as_json(MANIFEST_MEDIA_TYPE, annotations)])
         return manifest
+
+    # -- refs: names in the index ---------------------------------------------------------------
+
+    def refs(self) -> dict[str, Descriptor]:
+        """Each name the index holds -> its manifest; none where the layout has no index yet."""
+        if not (self.root / _INDEX).is_file():
+            return {}
+        return {name: Descriptor(entry["digest"], entry["size"]) for entry in self.index().get("manifests") or []
+                if (name := (entry.get("annotations") or {}).get(REF_ANNOTATION))}
+
+    def ref_image(self, name: str) -> str | None:
+        """The image id (config digest) that `name` points at, None when no ref has that name."""
+        manifest = self.refs().get(name)
+        return None if manifest is None else self._config_of(manifest)
+
+    def ref_images(self) -> dict[str, str]:
+        """Each name the index holds -> the image id (config digest) it points at."""
+        refs = self.refs()
+        configs = {manifest: self._config_of(manifest) for manifest in set(refs.values())}
+        return {name: configs[manifest] for name, manifest in refs.items()}
+
+    def ref_names(self, image_id: str | None = None) -> tuple[str, ...]:
+        """Every ref's name, or those pointing at `image_id`; sorted."""
+        if image_id is None:
+            return tuple(sorted(self.refs()))
+        return tuple(sorted(name for name, image in self.ref_images().items() if image == image_id))
+
+    def set_refs(self, names: Iterable[str], manifest: Descriptor) -> None:
+        """Point every name at `manifest`, all in one index write."""
+        self.update_refs({name: manifest for name in names})
+
+    def remove_refs(self, names: Iterable[str]) -> None:
+        """Take the names out of the index, in one write (names it lacks are no error)."""
+        self.update_refs({name: None for name in names})
+
+    def update_refs(self, changes: Mapping[str, Descriptor | None]) -> None:
+        """One index write: each name of `changes` pointed at its manifest, or removed where None; every
+        other entry kept as it is. Nothing is written when nothing changes."""
+        if not changes or (not (self.root / _INDEX).is_file() and not any(changes.values())):
+            return
+        with self._index_lock():
+            for left in self.root.glob(f".{_INDEX}.*{TEMP_SUFFIX}"):
+                left.unlink(missing_ok=True)  # a writer killed under the lock: it is gone now
+            manifests = (self.index().get("manifests") or []) if (self.root / _INDEX).is_file() else []
+            kept = [entry for entry in manifests
+                    if (entry.get("annotations") or {}).get(REF_ANNOTATION) not in changes]
+            named = [manifest.as_json(MANIFEST_MEDIA_TYPE, {REF_ANNOTATION: name})
+                     for name, manifest in changes.items() if manifest is not None]
+            # By name (entries without one first, as they were): equal refs, equal index bytes.
+            updated = sorted(kept + named, key=lambda entry: (entry.get("annotations") or {}).get(REF_ANNOTATION, ""))
+            if updated != manifests:
+                self.write_index(updated)
+
+    def _config_of(self, manifest: Descriptor) -> str:
+        try:
+            return self.read_json(manifest.digest)["config"]["digest"]
+        except (KeyError, TypeError):
+            raise LayoutError(f"{self.root}: manifest {manifest.digest} names no config") from None
+
+    @contextlib.contextmanager
+    def _index_lock(self) -> Iterator[None]:
+        self.root.mkdir(parents=True, exist_ok=True)
+        with (self.root / _INDEX_LOCK).open("a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            yield
 
 
 def _fsync_directory(directory: Path) -> None:

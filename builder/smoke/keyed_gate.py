@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import docker
 
+from builder.engine.image_container import ImageSource, as_source
 from builder.lock.smoke_report import SmokeReport
 from builder.runtime.smoke.program import CHECKS
 from builder.smoke import smoke_gate
@@ -31,7 +32,7 @@ class GateOutcome:
         return tuple(check for check in CHECKS if check not in self.ran)
 
 
-def run(image: str, image_id: str, stack: str, files: ImageFiles, config: Mapping[str, object],
+def run(image: str | ImageSource, image_id: str, stack: str, files: ImageFiles, config: Mapping[str, object],
         kept: KeyedResults, client: docker.DockerClient, labels: dict[str, str], resmoke: bool) -> GateOutcome:
     settings = settings_identity(config)
     answers: dict[str, Mapping[str, object]] = {}
@@ -49,4 +50,4 @@ def run(image: str, image_id: str, stack: str, files: ImageFiles, config: Mappin
             answers[check] = kept.record(check, image_id, identities(parse_traces(done.traces), files, settings),
                                          done.results)
     results = tuple(result for check in CHECKS for result in results_of(answers[check]))
-    return GateOutcome(SmokeReport(image, stack, results), answers, to_run)
+    return GateOutcome(SmokeReport(as_source(image).name, stack, results), answers, to_run)

@@ -14,6 +14,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 
 import docker
 import docker.errors
@@ -22,7 +23,7 @@ from builder.engine import leftovers
 from builder.engine.daemon import docker_client
 from builder.engine.ownership import OWNER_LABEL, Owner
 from builder.engine.progress import Progress
-from builder.engine.protocol import ContainerApi, Engine
+from builder.engine.protocol import ContainerApi, Engine, StorageEngine
 from builder.engine.reaper import DONE
 from builder.errors import UserError
 
@@ -48,7 +49,7 @@ class SmokeHost:
 
 
 def _sweep_dead_runs(api: ContainerApi, progress: Progress) -> None:
-    swept = leftovers.sweep(api.client, leftovers.of_dead_runs)
+    swept = leftovers.sweep(api.client, leftovers.of_dead_runs, api.layout)
     if swept:
         progress.stage(f"removed what earlier runs that died left: {swept.describe()}")
 
@@ -58,16 +59,18 @@ def open_host(engine: Engine, progress: Progress) -> Iterator[SmokeHost]:
     owner = Owner.current()
     with engine.container_api() as api, ThreadPoolExecutor(1, thread_name_prefix="leftovers") as sweeper:
         sweeping = sweeper.submit(_sweep_dead_runs, api, progress)
-        with watchdog(api.url, owner, api.service_pid):
+        with watchdog(api.url, owner, api.service_pid, api.layout):
             yield SmokeHost(api, owner, sweeping)
 
 
 @contextlib.contextmanager
-def watchdog(url: str, owner: Owner, service_pid: int | None) -> Iterator[None]:
+def watchdog(url: str, owner: Owner, service_pid: int | None, layout: Path | None = None) -> Iterator[None]:
     """The reaper outlives this process; it acts only when we close its stdin without saying done."""
     argv = [sys.executable, "-m", "builder.engine.reaper", "--api", url, "--owner", owner.label()]
     if service_pid:
         argv += ["--service-pid", str(service_pid)]
+    if layout is not None:
+        argv += ["--layout", str(layout)]
     reaper = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, start_new_session=True)
     try:
         yield
@@ -80,10 +83,11 @@ def watchdog(url: str, owner: Owner, service_pid: int | None) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def client_for(image: str, engine: Engine) -> Iterator[docker.DockerClient | None]:
+def client_for(image: str, engine: StorageEngine) -> Iterator[docker.DockerClient | None]:
     """`builder smoke IMAGE`: the Docker daemon when it holds the image (a pulled image, a GPU host),
-    else the container API of `engine` when its storage holds it (the CLI's: buildah's storage, where
-    `builder build` leaves images); None when neither does (smoke_gate then says the image is not found)."""
+    else the container API of `engine` when it holds it (the CLI's: buildah, whose OCI layout is where
+    `builder build` leaves images: imported into its storage first, only when the storage lacks it);
+    None when neither does (smoke_gate then says the image is not found)."""
     try:
         client = docker_client()
         client.images.get(image)
@@ -92,6 +96,7 @@ def client_for(image: str, engine: Engine) -> Iterator[docker.DockerClient | Non
     except (UserError, docker.errors.DockerException):
         pass
     if engine.holds(image):
+        engine.ensure_in_storage(image)
         with engine.container_api() as api:
             yield api.client
         return
