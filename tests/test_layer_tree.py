@@ -399,3 +399,15 @@ def test_the_sweep_unmounts_what_a_killed_process_left(layout, trees, tmp_path):
     assert mounts_below(scratch) == []
     assert [path.name for path in scratch.iterdir()] == [".lock"]
     assert sorted(path.name for path in lower.iterdir()) == ["file"]
+
+
+def test_trees_of_an_earlier_boot_are_swept_and_this_boots_kept(tmp_path):
+    """Trees are not synced when made, so none outlives a restart: the ones of another boot go."""
+    boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    current = layer_tree.for_this_boot(tmp_path)
+    assert current.root == tmp_path / boot
+    (current.root / "kept").mkdir(parents=True)
+    (tmp_path / "0f0f-an-earlier-boot" / "stale").mkdir(parents=True)
+    assert layer_tree.sweep_other_boots(tmp_path) == ["0f0f-an-earlier-boot"]
+    assert sorted(path.name for path in tmp_path.iterdir()) == [boot]
+    assert (current.root / "kept").is_dir()

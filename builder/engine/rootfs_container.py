@@ -29,11 +29,11 @@ import docker.errors
 import requests
 from docker.models.containers import Container
 
-from builder.engine import overlay_mount
+from builder.engine import overlay_mount, write_once
 from builder.engine.container_limits import own_ulimits
 from builder.engine.image_container import ContainerRequest
 from builder.errors import UserError
-from builder.oci.layer_tree import LayerTrees
+from builder.oci import layer_tree
 from builder.oci.layout import Layout
 
 LIBPOD = "/v4.0.0/libpod"  # podman 4's own API, served beside the compatible one
@@ -148,6 +148,6 @@ def layout_image(write_once_root: Path, image_id: str) -> LayoutImage | None:
         return None
     scratch = write_once_root / "containers"
     overlay_mount.sweep(scratch)
-    trees = LayerTrees(write_once_root / "trees")
+    trees = layer_tree.for_this_boot(write_once.trees_dir(write_once_root))
     trees.sweep()
     return LayoutImage(image_id, config, tuple(trees.tree(layout, diff_id) for diff_id in diff_ids), scratch)

@@ -38,6 +38,7 @@ from builder.errors import BuildFailure
 from builder.files import TEMP_SUFFIX
 from builder.oci import canonical, context_copy
 from builder.oci import dockerfile_plan, layer_listing, step_cache, tree_layer, wheel_layer
+from builder.oci import layer_tree
 from builder.oci.layer_tree import LayerTrees
 from builder.oci.layout import Layout, digest_of, linked_layout
 from builder.paths import TOOLS_DIR, layer_listings_dir
@@ -105,7 +106,8 @@ def exclusive(root: Path) -> Iterator[None]:
 def sweep_leftovers(store: Layout, root: Path) -> list[str]:
     """What a killed build left, under the lock: its half-written blobs and trees, its runtime
     containers and mounts, its scratch. Returns what went."""
-    swept = _runner(root).sweep() + overlay_mount.sweep(_roots(root)) + _trees(root).sweep()
+    swept = _runner(root).sweep() + overlay_mount.sweep(_roots(root)) + _trees(root).sweep() + \
+        layer_tree.sweep_other_boots(trees_dir(root))
     for path in [*store.blobs.glob(f".*{TEMP_SUFFIX}"), *scratch_dir(root).iterdir()]:
         shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
         swept.append(path.name)
@@ -117,7 +119,12 @@ def _runner(root: Path) -> step_runner.StepRunner:
 
 
 def _trees(root: Path) -> LayerTrees:
-    return LayerTrees(root / "trees")
+    return layer_tree.for_this_boot(trees_dir(root))
+
+
+def trees_dir(root: Path) -> Path:
+    """Where the layers' trees are kept (oci/layer_tree.py), beside the layout they are extracted from."""
+    return root / "trees"
 
 
 def _roots(root: Path) -> Path:

@@ -9,7 +9,7 @@ whiteout `DIR/.wh.NAME` becomes the character device 0:0 `DIR/NAME`, and `DIR/.w
 than tarfile) while a second GNU tar lists the names from the headers alone (it seeks over the data);
 the whiteouts and opaque markers among them are made once the extraction is done.
 
-A tree is extracted into a temporary sibling, synced and renamed into place whole, so a killed
+A tree is extracted into a temporary sibling and renamed into place whole, so a killed
 extraction leaves only the temporary; when two extract one layer at once, the later rename fails and its
 copy goes. Extractions hold a shared lock on `root/.lock` (their tar inherits it, and outlives a killed
 parent), and `sweep` removes temporaries only while it holds that lock exclusively: never live work.
@@ -21,7 +21,6 @@ may change a tree after its rename. `root` is private (0700) because trees hold 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import fcntl
 import os
 import re
@@ -68,6 +67,27 @@ class _Marker:
     name: str | None
 
 
+def for_this_boot(root: Path) -> LayerTrees:
+    """The trees under `root` made since the machine last started. A tree is not synced to disk when it
+    is made (syncing the filesystem took as long as the extraction itself), so after a power cut its
+    name could stand for files never written: a tree outlives no restart (sweep_other_boots)."""
+    return LayerTrees(root / _boot_id())
+
+
+def sweep_other_boots(root: Path) -> list[str]:
+    """The trees made before the machine last started, removed; the names of their directories."""
+    if not root.is_dir():
+        return []
+    gone = sorted(path for path in root.iterdir() if path.name != _boot_id())
+    for path in gone:
+        shutil.rmtree(path, ignore_errors=True) if path.is_dir() and not path.is_symlink() else path.unlink()
+    return [path.name for path in gone]
+
+
+def _boot_id() -> str:
+    return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+
+
 class LayerTrees:
     """The layers' trees under `root`, each in `root/<hex of its diff_id>`."""
 
@@ -89,7 +109,6 @@ class LayerTrees:
             try:
                 os.chmod(temporary, 0o755)  # the root of a layer that has no "./" entry
                 _extract(blob, temporary, diff_id, lock)
-                _sync_filesystem(temporary)
                 _publish(temporary, final)
             except BaseException:
                 shutil.rmtree(temporary, ignore_errors=True)
@@ -215,21 +234,6 @@ def _open_directory(target: Path, parts: tuple[str, ...], diff_id: str) -> int:
             os.close(handle)
         handle = child
     return handle
-
-
-_libc = ctypes.CDLL(None, use_errno=True)
-
-
-def _sync_filesystem(directory: Path) -> None:
-    """Everything written on `directory`'s filesystem on disk: after a power cut the tree's name never
-    stands for files that were never written."""
-    handle = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        if _libc.syncfs(handle) != 0:
-            error = ctypes.get_errno()
-            raise BuildFailure(f"syncing {directory}: {os.strerror(error)}")
-    finally:
-        os.close(handle)
 
 
 def _publish(temporary: Path, final: Path) -> None:
