@@ -20,6 +20,7 @@ import shutil
 import stat
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,7 @@ from builder.errors import BuildFailure, one_line
 from builder.files import remove_scratch
 
 _PREFIX = "overlay-"
+_UNMOUNT_TRIES = 10
 _LOCK = ".lock"
 # Named, so every host's kernel defaults give the same stack: the upper directory holds each change whole
 # (no redirect to a renamed lower directory, no metadata-only copy-up), and a hard link copies up as on
@@ -122,11 +124,16 @@ def _mount(lowers: list[Path], place: Path) -> Stack:
 
 
 def _unmount(merged: Path) -> None:
-    unmounted = subprocess.run(["umount", str(merged)], stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                               check=False)
-    if unmounted.returncode != 0:
-        said = one_line((unmounted.stderr.strip().splitlines() or ["no reason"])[0])
-        raise BuildFailure(f"overlay: could not unmount {merged} ({said}); the next sweep removes it")
+    # A container's last process can hold the root a moment after the engine reports it removed ("target
+    # is busy", seen once in eight checks run at once): a few tries before giving up.
+    for _ in range(_UNMOUNT_TRIES):
+        unmounted = subprocess.run(["umount", str(merged)], stdin=subprocess.DEVNULL, capture_output=True,
+                                   text=True, check=False)
+        if unmounted.returncode == 0:
+            return
+        time.sleep(0.5)
+    said = one_line((unmounted.stderr.strip().splitlines() or ["no reason"])[0])
+    raise BuildFailure(f"overlay: could not unmount {merged} ({said}); the next sweep removes it")
 
 
 @contextlib.contextmanager
