@@ -25,7 +25,6 @@ import argparse
 import json
 import os
 import shutil
-import stat
 import subprocess
 import sys
 import time
@@ -33,7 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from builder.engine import write_once  # noqa: E402
+from builder.engine import step_runner, write_once  # noqa: E402
 from builder.lock import build_report  # noqa: E402
 from builder.oci import canonical, dockerfile_plan, tree_layer  # noqa: E402
 from builder.oci.layout import Layout  # noqa: E402
@@ -128,10 +127,13 @@ def overlay_step(stack: str, layout: Layout, config: bytes, target: Path) -> dic
     try:
         step_env = environment_at(plan, index, data)
         build_started = tree_layer.mark(target)
+        step_runner.engine_stubs(root)  # as the build does on a root whose layers had a RUN step
         before = tree_layer.snapshot(root)
         since = tree_layer.mark(target)
         ran = time.monotonic()
-        run_in_runc(root, plan.steps[index].argv, step_env, target / "bundle")
+        step_runner.StepRunner(target / "runtime", target).run(
+            root, plan.steps[index].argv, dict(item.split("=", 1) for item in step_env), None, None, [],
+            what="the step")
         figures["run_s"] = round(time.monotonic() - ran, 1)
         writing = time.monotonic()
         scratch = Layout.create(target / "layout")
@@ -151,45 +153,6 @@ def environment_at(plan: dockerfile_plan.Plan, index: int, config: dict) -> list
     later = {key for step in plan.steps[index + 1:] if step.keyword == "ENV" for key, _ in step.pairs}
     env = dict(item.split("=", 1) for item in config["config"].get("Env") or [])
     return [f"{k}={v}" for k, v in {**plan.build_args, **{k: v for k, v in env.items() if k not in later}}.items()]
-
-
-def run_in_runc(root: Path, argv: tuple[str, ...], env: list[str], bundle: Path) -> None:
-    """`argv` as root in `root` by runc: the namespaces, mounts, capabilities and limits `buildah run
-    --network none` gives a step (its bundle's config.json, read on 1.28.2), without its /etc/hostname
-    and /run/.containerenv binds, which the canonical layer leaves out anyway."""
-    capabilities = ["CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_FSETID", "CAP_KILL", "CAP_NET_BIND_SERVICE",
-                    "CAP_SETFCAP", "CAP_SETGID", "CAP_SETPCAP", "CAP_SETUID", "CAP_SYS_CHROOT"]
-    spec = {
-        "ociVersion": "1.0.2",
-        "process": {"user": {"uid": 0, "gid": 0}, "args": list(argv), "env": env, "cwd": "/",
-                    "capabilities": {kind: capabilities for kind in ("bounding", "effective", "permitted")},
-                    "rlimits": [{"type": "RLIMIT_NOFILE", "hard": 1024, "soft": 1024},
-                                {"type": "RLIMIT_NPROC", "hard": 32768, "soft": 32768}]},
-        "root": {"path": str(root)},
-        "hostname": "builder",
-        "mounts": [
-            {"destination": "/proc", "type": "proc", "source": "proc", "options": ["nosuid", "noexec", "nodev"]},
-            {"destination": "/dev", "type": "tmpfs", "source": "tmpfs",
-             "options": ["nosuid", "noexec", "strictatime", "mode=755", "size=65536k"]},
-            {"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": ["nosuid", "noexec", "nodev", "ro"]},
-            {"destination": "/dev/pts", "type": "devpts", "source": "devpts",
-             "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"]},
-            {"destination": "/dev/shm", "type": "tmpfs", "source": "shm",
-             "options": ["nosuid", "nodev", "noexec", "mode=1777", "size=65536k"]},
-            {"destination": "/dev/mqueue", "type": "mqueue", "source": "mqueue", "options": ["nosuid", "noexec", "nodev"]},
-        ],
-        "linux": {"namespaces": [{"type": kind} for kind in ("pid", "network", "ipc", "uts", "mount")],
-                  "resources": {"devices": [{"allow": False, "access": "rwm"}]}},
-    }
-    bundle.mkdir()
-    (bundle / "config.json").write_text(json.dumps(spec))
-    subprocess.run(["runc", "run", "--bundle", str(bundle), f"import-floor-{os.getpid()}"], check=True,
-                   stdin=subprocess.DEVNULL)
-    # buildah's RUN binds its /run/.containerenv into the image's /run, which copies that directory up:
-    # its layer always holds `run` (the only entry a first try without this lacked).
-    run = root / "run"
-    if run.is_dir() and not run.is_symlink():
-        os.chmod(run, stat.S_IMODE(os.lstat(run).st_mode))
 
 
 def main() -> int:

@@ -45,14 +45,15 @@ class Owner:
 
     def is_gone(self) -> bool:
         """Dead on this host. Another host's run is never judged from here."""
-        return self.host == _host_token(socket.gethostname()) and not _alive(self.pid)
+        return self.host == _host_token(socket.gethostname()) and not process_alive(self.pid)
 
 
 def _host_token(hostname: str) -> str:
     return _HOST_CHARS.sub("-", hostname)[:40] or "host"
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether a process of this host has the id `pid` (one of another user's counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

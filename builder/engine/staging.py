@@ -18,6 +18,8 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
+from builder.engine.ownership import process_alive
+
 MEMORY_FS = Path("/dev/shm")
 # What the rest of the build (and the machine) keeps, at the least, beside the staged layers.
 RESERVE_BYTES = 4 << 30
@@ -64,17 +66,7 @@ def sweep(memory_fs: Path | None = None) -> list[str]:
     memory_fs, swept = memory_fs or MEMORY_FS, []
     for path in memory_fs.glob(f"{_PREFIX}*") if memory_fs.is_dir() else ():
         pid = path.name[len(_PREFIX):].split("-")[0]
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and not process_alive(int(pid)):
             shutil.rmtree(path, ignore_errors=True)
             swept.append(path.name)
     return swept
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

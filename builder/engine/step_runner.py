@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from builder.engine.container_limits import runtime_rlimits
+from builder.engine.ownership import process_alive
 from builder.engine.process import run_streaming
 from builder.errors import BuildFailure
 from builder.oci import canonical
@@ -159,7 +160,7 @@ class StepRunner:
                                  text=True, stdin=subprocess.DEVNULL)
         for name in listing.stdout.split() if listing.returncode == 0 else ():
             found = _NAME.match(name)
-            if found and not _alive(int(found[1])):
+            if found and not process_alive(int(found[1])):
                 _delete(self.state, name)
                 swept.append(name)
         return swept
@@ -168,13 +169,3 @@ class StepRunner:
 def _delete(state: Path, name: str) -> None:
     subprocess.run([RUNTIME, "--root", str(state), "delete", "--force", name], capture_output=True,
                    stdin=subprocess.DEVNULL)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
