@@ -37,9 +37,9 @@ def get_engine(name: str = DEFAULT_ENGINE, export_to_docker: bool = True) -> Eng
 
 
 def storage_engine() -> StorageEngine:
-    """buildah over its default storage, delivering nowhere: where `builder build` leaves its images,
-    where `builder smoke` and `builder push` look when the Docker daemon lacks one, and what
-    `builder verify` makes its empty private storages from."""
+    """buildah over its default storage and the builder's layout, delivering nowhere: where `builder build`
+    leaves its images, where `builder smoke` and `builder push` look when the Docker daemon lacks one,
+    and what `builder verify` makes its empty private storages from."""
     from builder.engine.buildah import BuildahEngine
 
     return BuildahEngine(export_to_docker=False)

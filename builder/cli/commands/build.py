@@ -15,7 +15,7 @@ def register(subparsers) -> None:
                              "(`builder fetch`); local-base rows only")
     parser.add_argument("--load", action="store_true",
                         help="also put the passed image into the Docker daemon (as buildx --load); by default "
-                             "it stays in the engine's storage only (run it with `podman run`)")
+                             "it stays in the builder's layout only (`builder push` and `builder smoke` read it there)")
     parser.add_argument("--resmoke", action="store_true",
                         help="run the smoke checks even when matrix.lock holds a pass for this exact image id")
     parser.set_defaults(func=run)

@@ -1,5 +1,6 @@
 """`builder smoke IMAGE [--gpus all] [--json FILE]`: run the in-image checks, in the Docker daemon when
-it holds IMAGE, else where `builder build` left it (buildah's storage, through podman's API)."""
+it holds IMAGE, else through podman's API over buildah's storage (an image `builder build` wrote is
+copied there from the builder's layout first)."""
 
 from __future__ import annotations
 
