@@ -359,12 +359,14 @@ class _GroupWriter:
             self.futures[index] = self.pool.submit(self._write, *planned)
 
     def _write(self, plan_file: Path, wheel_dir: Path) -> tree_layer.WrittenLayer:
-        layer = wheel_layer.write_planned_layer(
-            self.store, wheel_layer.WheelPlan.from_json(plan_file.read_bytes(), str(plan_file)), wheel_dir,
-            self.request.source_date_epoch, lambda path: self.memo.file_digest(path, path.stat()),
-            directories=_BIND_MOUNT_LEAVES, stop=self.stop)
-        # Its tree now, while the blob is in the page cache: the next container step stacks it.
-        self.trees.tree(self.store, layer.diff_id)
+        # Its tree written beside its tar, each file as it streams by: the next container step stacks it,
+        # and nothing reads the layer again to extract it.
+        with self.trees.filled() as (tree, name):
+            layer = wheel_layer.write_planned_layer(
+                self.store, wheel_layer.WheelPlan.from_json(plan_file.read_bytes(), str(plan_file)), wheel_dir,
+                self.request.source_date_epoch, lambda path: self.memo.file_digest(path, path.stat()),
+                directories=_BIND_MOUNT_LEAVES, stop=self.stop, tree=tree)
+            name(layer.diff_id)
         return layer
 
     def written(self, index: int) -> tree_layer.WrittenLayer | None:

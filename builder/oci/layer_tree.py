@@ -28,7 +28,7 @@ import shutil
 import stat
 import subprocess
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import IO
@@ -114,6 +114,26 @@ class LayerTrees:
                 shutil.rmtree(temporary, ignore_errors=True)
                 raise
         return final
+
+    @contextlib.contextmanager
+    def filled(self) -> Iterator[tuple[Path, Callable[[str], Path]]]:
+        """For a caller that writes a layer's files itself as it writes the layer (wheel_layer.py): yields
+        `(directory to fill, name)`, where `name(diff_id)` puts the filled tree in place once the layer's
+        digest is known and returns it; a tree the block leaves unnamed goes."""
+        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        with self._lock(fcntl.LOCK_SH):
+            temporary = Path(tempfile.mkdtemp(prefix=".filled.", suffix=TEMP_SUFFIX, dir=self.root))
+            os.chmod(temporary, 0o755)
+
+            def name(diff_id: str) -> Path:
+                final = self.root / hex_of(diff_id)
+                _publish(temporary, final)
+                return final
+
+            try:
+                yield temporary, name
+            finally:
+                shutil.rmtree(temporary, ignore_errors=True)
 
     def sweep(self) -> list[str]:
         """Remove the temporaries killed extractions left; their names. Nothing while an extraction runs
