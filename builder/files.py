@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import hashlib
 import os
 import re
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
@@ -107,3 +109,13 @@ def remove_scratch(directory: Path) -> None:
     for point in mounts_below(directory):
         subprocess.run(["umount", "--lazy", str(point)], capture_output=True, check=False)
     shutil.rmtree(directory, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def locked(path: Path, operation: int = fcntl.LOCK_EX) -> Iterator[IO[str]]:
+    """`path` (made if missing) held with flock(2) `operation` for the block: the kernel frees it when
+    the holder dies, so a lock never outlives a killed process. LOCK_NB in `operation` raises
+    BlockingIOError where another holds it."""
+    with Path(path).open("a") as handle:
+        fcntl.flock(handle, operation)
+        yield handle

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import IO
 
 from builder.errors import BuildFailure, one_line
-from builder.files import remove_scratch
+from builder.files import locked, remove_scratch
 
 _PREFIX = "overlay-"
 _UNMOUNT_TRIES = 10
@@ -85,11 +85,8 @@ def sweep(scratch: Path) -> list[str]:
     return [path.name for path in left if not path.exists()]
 
 
-@contextlib.contextmanager
-def _lock(scratch: Path, operation: int) -> Iterator[IO[str]]:
-    with (scratch / _LOCK).open("a") as handle:
-        fcntl.flock(handle, operation)
-        yield handle
+def _lock(scratch: Path, operation: int) -> contextlib.AbstractContextManager[IO[str]]:
+    return locked(scratch / _LOCK, operation)
 
 
 def _each_once(lowers: Sequence[Path]) -> list[Path]:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import fcntl
 import gzip
 import json
 import os
@@ -35,7 +34,7 @@ from builder.engine.image_names import image_names
 from builder.engine.process import run_quiet
 from builder.engine.protocol import BuildRequest, ProgressCallback
 from builder.errors import BuildFailure
-from builder.files import TEMP_SUFFIX
+from builder.files import TEMP_SUFFIX, locked
 from builder.oci import canonical, context_copy
 from builder.oci import dockerfile_plan, layer_listing, step_cache, tree_layer, wheel_layer
 from builder.oci import layer_tree
@@ -98,8 +97,7 @@ def exclusive(root: Path) -> Iterator[None]:
     """One write-once build at a time over one store (a lock file held for the block, freed by the
     kernel when its holder dies), so the leftovers of an earlier build can be told from live work."""
     root.mkdir(parents=True, exist_ok=True)
-    with (root / "lock").open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
+    with locked(root / "lock"):
         yield
 
 

@@ -34,7 +34,7 @@ from pathlib import Path, PurePosixPath
 from typing import IO
 
 from builder.errors import BuildFailure, one_line
-from builder.files import TEMP_SUFFIX
+from builder.files import TEMP_SUFFIX, locked
 from builder.oci.layout import Layout, LayoutError, hex_of
 
 _WHITEOUT = ".wh."
@@ -149,11 +149,8 @@ class LayerTrees:
             return []
         return [path.name for path in left if not path.exists()]
 
-    @contextlib.contextmanager
-    def _lock(self, operation: int) -> Iterator[IO[str]]:
-        with (self.root / _LOCK).open("a") as handle:
-            fcntl.flock(handle, operation)
-            yield handle
+    def _lock(self, operation: int) -> contextlib.AbstractContextManager[IO[str]]:
+        return locked(self.root / _LOCK, operation)
 
 
 def _extract(blob: Path, target: Path, diff_id: str, lock: IO[str]) -> None:

@@ -20,7 +20,6 @@ moves with them or not at all, and a writer killed midway leaves the old index w
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -32,7 +31,7 @@ from pathlib import Path
 from typing import IO
 
 from builder.errors import BuildFailure
-from builder.files import TEMP_SUFFIX, HashingWriter, write_atomic
+from builder.files import TEMP_SUFFIX, HashingWriter, locked, write_atomic
 
 MANIFEST_MEDIA_TYPE = "application/vnd.oci.image.manifest.v1+json"
 CONFIG_MEDIA_TYPE = "application/vnd.oci.image.config.v1+json"
@@ -305,8 +304,7 @@ class Layout:
     @contextlib.contextmanager
     def _index_lock(self) -> Iterator[None]:
         self.root.mkdir(parents=True, exist_ok=True)
-        with (self.root / _INDEX_LOCK).open("a") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
+        with locked(self.root / _INDEX_LOCK):
             yield
 
 
