@@ -374,8 +374,11 @@ def main() -> int:
                     shutil.copy(ROOT / "matrix.lock", os.environ["BUILDER_LOCK"])
                     if name in ("cold", "second_cold", "bare_engine"):
                         empty_storage(env)
-                        # A cold build has no layer cache either: it lives with the wheels in BUILDER_CACHE.
-                        shutil.rmtree(mount / "cache" / "write-once", ignore_errors=True)
+                        # A cold build has no layer cache, layout or listings either: they live with the
+                        # wheels in BUILDER_CACHE, and only the wheels are kept (for second_cold).
+                        for kept in (mount / "cache").glob("*"):
+                            if kept.name != "locked-wheels":
+                                shutil.rmtree(kept, ignore_errors=True) if kept.is_dir() else kept.unlink()
                         load_base(base, env)
                     if name == "bare_engine":
                         runs[name].append(bare_engine(stack, env, mount))
