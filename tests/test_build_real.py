@@ -171,7 +171,7 @@ def test_the_run_that_answered_each_check_is_committed_for_a_clone(built, tmp_pa
 def test_a_default_build_needs_no_docker_daemon_and_smoke_tests_where_buildah_built(built, tmp_path):
     """No second copy: with no Docker daemon to reach, a build whose change a smoke check reads passes,
     podman running that check (and compile, which reads the whole image) on the root the builder stacks
-    from the layout's trees; the image is tagged by the layout's refs, and no container is left."""
+    from the layout's layers; the image is tagged by the layout's refs, and no container is left."""
     _, report = built
     checkout = clone_checkout(tmp_path / "changed")
     check_module = checkout / "builder/runtime/smoke/gpu_collectives.py"  # read by the gpu check alone

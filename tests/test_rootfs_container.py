@@ -263,19 +263,22 @@ def test_an_image_the_layout_does_not_hold_whole_takes_the_old_path(write_once_r
     assert rootfs_container.layout_image(tmp_path, image_id) is None
 
 
-# A run that stacks the image's trees for a container and is killed there (its stdout: the stack's place).
+# A run that stacks the image's layers for a container and is killed there (its stdout: the stack's place).
 KILLED_RUN = """
-import sys, time
+import json, sys, time
 from pathlib import Path
 from builder.engine import overlay_mount
-with overlay_mount.stacked([Path(lower) for lower in sys.argv[2:]], Path(sys.argv[1])) as stack:
+from builder.oci.layer_index import LayerIndex
+lowers = [LayerIndex(diff_id, Path(index), Path(blob), root) for diff_id, index, blob, root in json.loads(sys.argv[2])]
+with overlay_mount.stacked(lowers, Path(sys.argv[1])) as stack:
     print(stack.merged.parent, flush=True)
     time.sleep(600)
 """
 
 
 def test_what_a_killed_run_left_is_swept_once_no_live_run_stacks_there(image, write_once_root, image_id):
-    killed = subprocess.Popen([sys.executable, "-c", KILLED_RUN, str(image.scratch), *map(str, image.lowers)],
+    lowers = json.dumps([(lower.diff_id, str(lower.index), str(lower.blob), lower.lists_root) for lower in image.lowers])
+    killed = subprocess.Popen([sys.executable, "-c", KILLED_RUN, str(image.scratch), lowers],
                               cwd=REPO, stdout=subprocess.PIPE, text=True)
     left = Path(killed.stdout.readline().strip())
     killed.kill()

@@ -25,7 +25,6 @@ import pytest
 
 from builder.errors import BuildFailure
 from builder.files import sha256_file
-from builder.oci.layer_tree import LayerTrees
 from builder.oci.layout import Layout, LayoutError, digest_of
 from builder.oci.wheel_layer import (INSTALLER_NAME, LockedWheel, VenvScheme, WheelPlan, plan_layer,
                                      write_planned_layer, write_wheel_layer)
@@ -478,40 +477,3 @@ def test_the_images_tool_compiles_what_compileall_compiles_and_the_same_bytes_ev
     assert first == second
     assert set(first) == set(_compiled(site)) and len(first) == 22
     assert not any(name.startswith(("linked", "broken")) for name in first)
-
-
-def _tree_entries(root: Path) -> dict[str, tuple]:
-    entries = {}
-    for directory, names, files in os.walk(root):
-        for name in names + files:
-            path = Path(directory) / name
-            info = os.lstat(path)
-            content = path.read_bytes() if stat.S_ISREG(info.st_mode) else b""
-            entries[str(path.relative_to(root))] = (stat.S_IFMT(info.st_mode), stat.S_IMODE(info.st_mode),
-                                                     info.st_uid, info.st_gid, int(info.st_mtime), content)
-    return entries
-
-
-@pytest.mark.network
-def test_the_tree_written_beside_the_layer_is_the_layers_extraction(wheels, tmp_path):
-    """The wheel group's tree, written as the tar takes each file, holds exactly what extracting the
-    layer's blob gives (oci/layer_tree.py): the root a later step stacks is the same either way."""
-    plan = plan_layer(_locked(wheels), SCHEME)
-    layout = Layout.create(tmp_path / "layout")
-    beside = LayerTrees(tmp_path / "beside")
-    with beside.filled() as (tree, name):
-        written = write_planned_layer(layout, plan, wheels[0].parent, EPOCH, directories=("run",), tree=tree)
-        filled = name(written.diff_id)
-    extracted = LayerTrees(tmp_path / "extracted").tree(layout, written.diff_id)
-    assert filled.name == extracted.name and stat.S_IMODE(os.stat(filled).st_mode) == 0o755
-    assert _tree_entries(filled) == _tree_entries(extracted)
-    assert len(_tree_entries(filled)) > 20
-    assert [path.name for path in beside.root.iterdir() if path.name != ".lock"] == [filled.name]
-
-
-def test_a_tree_left_unnamed_goes(tmp_path):
-    trees = LayerTrees(tmp_path / "trees")
-    with pytest.raises(RuntimeError), trees.filled() as (tree, _):
-        (tree / "half").write_text("written before the layer failed")
-        raise RuntimeError("the layer failed")
-    assert [path.name for path in trees.root.iterdir()] == [".lock"]

@@ -1,11 +1,14 @@
 """Image layers stacked by overlayfs under a fresh upper directory: the root a container step runs on,
-its layers' trees (oci/layer_tree.py) as the lower directories, its changes in the upper one.
+its layers (oci/layer_index.py) as the lower directories, its changes in the upper one.
 
 Each stack lives in a directory of its own under the scratch directory: `upper`, `work`, `merged`, and
-a symbolic link to each lower directory named by its number (`0` the base), which the mount options name
-relative to that directory (`mount` runs there). overlayfs splits its options at ',' and ':' and reads
-them from one page (4096 bytes; through the newer fsconfig(2), which util-linux 2.39 uses, 256 bytes an
-option), so thirty layers' long paths, or a path holding either character, would not fit or would split.
+a directory per layer named by its number (`0` the base) on which the layer's EROFS index is mounted
+with its tar blob as the data device, for the stack's life only (nothing outlives it to be unmounted by
+anyone else). The kernel takes both files as /proc/self/fd paths, and the overlay's options name the
+layers by number relative to that directory (`mount` runs there): overlayfs splits its options at ','
+and ':' and reads them from one page (4096 bytes; through the newer fsconfig(2), which util-linux 2.39
+uses, 256 bytes an option), so thirty layers' long paths, or a path holding either character, would not
+fit or would split.
 
 A live stack holds a shared lock on `scratch/.lock`; `sweep` takes it exclusively, so it unmounts and
 removes only what killed processes left, never another's live mount.
@@ -14,9 +17,9 @@ removes only what killed processes left, never another's live mount.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import fcntl
 import os
-import shutil
 import stat
 import subprocess
 import tempfile
@@ -28,14 +31,22 @@ from typing import IO
 
 from builder.errors import BuildFailure, one_line
 from builder.files import locked, remove_scratch
+from builder.oci.layer_index import LayerIndex
 
 _PREFIX = "overlay-"
 _UNMOUNT_TRIES = 10
 _LOCK = ".lock"
 # Named, so every host's kernel defaults give the same stack: the upper directory holds each change whole
 # (no redirect to a renamed lower directory, no metadata-only copy-up), and a hard link copies up as on
-# the engine's mounts (no inode index).
-_FEATURES = "redirect_dir=off,metacopy=off,index=off"
+# the engine's mounts (no inode index). xino: the layers are on EROFS and the upper directory elsewhere,
+# and without it a directory's inode number is one overlayfs makes up per cached inode; with it, the
+# number is the layer's own (with the layer's filesystem in its high bits) before and after copy-up,
+# which is how tree_layer tells a directory kept from one removed and made again.
+_FEATURES = "redirect_dir=off,metacopy=off,index=off,xino=on"
+_MS_RDONLY = 1
+_libc = ctypes.CDLL(None, use_errno=True)
+# A layer whose tar lists no root directory: the root as the engine's storage makes it.
+_DEFAULT_ROOT = (0, 0, 0o755)
 
 
 @dataclass(frozen=True)
@@ -45,14 +56,14 @@ class Stack:
 
 
 @contextlib.contextmanager
-def stacked(lowers: Sequence[Path], scratch: Path) -> Iterator[Stack]:
+def stacked(lowers: Sequence[LayerIndex], scratch: Path) -> Iterator[Stack]:
     """`lowers` (the base first) mounted under a fresh upper directory below `scratch` for the block;
     unmounted and removed after it, also when it raised."""
     if not lowers:
         raise BuildFailure("overlay: no layers to stack")
     for lower in lowers:
-        if not Path(lower).is_dir():
-            raise BuildFailure(f"overlay: the layer directory {lower} is not there")
+        if not (lower.index.is_file() and lower.blob.is_file()):
+            raise BuildFailure(f"overlay: layer {lower.diff_id} is not there ({lower.index}, {lower.blob})")
     scratch = Path(scratch)
     scratch.mkdir(mode=0o700, parents=True, exist_ok=True)
     with _lock(scratch, fcntl.LOCK_SH):
@@ -60,13 +71,13 @@ def stacked(lowers: Sequence[Path], scratch: Path) -> Iterator[Stack]:
         try:
             stack = _mount(_each_once(lowers), place)
         except BaseException:
-            shutil.rmtree(place, ignore_errors=True)
+            remove_scratch(place)
             raise
         try:
             yield stack
         finally:
             _unmount(stack.merged)
-            shutil.rmtree(place)
+            remove_scratch(place)
 
 
 def sweep(scratch: Path) -> list[str]:
@@ -89,35 +100,64 @@ def _lock(scratch: Path, operation: int) -> contextlib.AbstractContextManager[IO
     return locked(scratch / _LOCK, operation)
 
 
-def _each_once(lowers: Sequence[Path]) -> list[Path]:
-    """Each directory once, at its topmost place: overlayfs refuses one named twice (an image may hold a
-    layer twice, two steps that made the same files), and all a lower copy holds the upper one holds too."""
-    kept: list[Path] = []
-    for lower in reversed([Path(lower).resolve() for lower in lowers]):
-        if lower not in kept:
+def _each_once(lowers: Sequence[LayerIndex]) -> list[LayerIndex]:
+    """Each layer once, at its topmost place: overlayfs refuses one directory named twice (an image may
+    hold a layer twice, two steps that made the same files), and all a lower copy holds the upper one
+    holds too."""
+    kept: list[LayerIndex] = []
+    for lower in reversed(lowers):
+        if all(lower.diff_id != other.diff_id for other in kept):
             kept.append(lower)
     return kept[::-1]
 
 
-def _mount(lowers: list[Path], place: Path) -> Stack:
+def _mount(lowers: list[LayerIndex], place: Path) -> Stack:
     upper, work, merged = place / "upper", place / "work", place / "merged"
     for directory in (upper, work, merged):
         directory.mkdir()
-    # The merged root is the upper root: it takes the image's root as the topmost layer has it.
-    top = os.stat(lowers[-1])
-    os.chown(upper, top.st_uid, top.st_gid)
-    os.chmod(upper, stat.S_IMODE(top.st_mode))
     for number, lower in enumerate(lowers):
-        os.symlink(lower, place / str(number))
+        _mount_layer(lower, place / str(number))
+    # The merged root is the upper root: it takes the image's root as the topmost layer that lists
+    # one has it, as the engine's storage does.
+    uid, gid, mode = _DEFAULT_ROOT
+    for number in reversed(range(len(lowers))):
+        if lowers[number].lists_root:
+            top = os.stat(place / str(number))
+            uid, gid, mode = top.st_uid, top.st_gid, stat.S_IMODE(top.st_mode)
+            break
+    os.chown(upper, uid, gid)
+    os.chmod(upper, mode)
     topmost_first = ":".join(str(number) for number in reversed(range(len(lowers))))
     options = f"lowerdir={topmost_first},upperdir=upper,workdir=work,{_FEATURES}"
     with _kernel_log() as kernel:
         mounted = subprocess.run(["mount", "-t", "overlay", "overlay", "-o", options, str(merged)], cwd=place,
                                  stdin=subprocess.DEVNULL, capture_output=True, text=True, check=False)
         if mounted.returncode != 0:
-            said = "; ".join(_overlay_lines(kernel)) or (mounted.stderr.strip().splitlines() or ["no reason"])[0]
+            said = "; ".join(_kernel_lines(kernel, "overlayfs:")) or (
+                mounted.stderr.strip().splitlines() or ["no reason"])[0]
             raise BuildFailure(f"overlay: mounting {len(lowers)} layers on {merged} failed: {one_line(said)}")
     return Stack(merged=merged, upper=upper)
+
+
+def _mount_layer(lower: LayerIndex, target: Path) -> None:
+    """The layer's index mounted read-only on `target`, its blob the data device (a file-backed EROFS
+    mount: no loop device). mount(2) itself: util-linux's `mount` would put a loop device under the
+    index, and the kernel then takes no file as the data device."""
+    target.mkdir()
+    index = os.open(lower.index, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        blob = os.open(lower.blob, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            with _kernel_log() as kernel:
+                if _libc.mount(f"/proc/self/fd/{index}".encode(), os.fsencode(target), b"erofs", _MS_RDONLY,
+                               f"device=/proc/self/fd/{blob}".encode()) != 0:
+                    error = ctypes.get_errno()
+                    said = "; ".join(_kernel_lines(kernel, "erofs")) or os.strerror(error)
+                    raise BuildFailure(f"overlay: mounting layer {lower.diff_id} failed: {one_line(said)}")
+        finally:
+            os.close(blob)
+    finally:
+        os.close(index)
 
 
 def _unmount(merged: Path) -> None:
@@ -150,8 +190,9 @@ def _kernel_log() -> Iterator[int | None]:
             os.close(handle)
 
 
-def _overlay_lines(kernel: int | None) -> list[str]:
-    """overlayfs's messages among the records written since `_kernel_log` began ("PRIO,SEQ,TIME,FLAGS;TEXT")."""
+def _kernel_lines(kernel: int | None, prefix: str) -> list[str]:
+    """The messages starting with `prefix` among the records written since `_kernel_log` began
+    ("PRIO,SEQ,TIME,FLAGS;TEXT")."""
     if kernel is None:
         return []
     lines = []
@@ -163,5 +204,5 @@ def _overlay_lines(kernel: int | None) -> list[str]:
         except BlockingIOError:
             return lines
         message = record.partition(";")[2].split("\n", 1)[0]
-        if message.startswith("overlayfs:"):
+        if message.startswith(prefix):
             lines.append(message)

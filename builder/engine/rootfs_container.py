@@ -1,8 +1,8 @@
 """A container of an image in the builder's layout, on a root assembled from the image's layers, created
 through podman's own API: the image needs no import into podman's storage to be run.
 
-Each layer is extracted once into a tree kept by diff_id (oci/layer_tree.py); a container gets the
-trees stacked by overlayfs under an upper directory of its own (engine/overlay_mount.py), unmounted
+Each layer is indexed once for mounting with its tar blob (oci/layer_index.py); a container gets the
+layers stacked by overlayfs under an upper directory of its own (engine/overlay_mount.py), unmounted
 and removed with the container. podman's Docker-compatible API makes containers of stored images
 only; its libpod API, on the same socket, takes a directory as the root (SpecGenerator's `rootfs`,
 podman 4.3). No image then lends the container its settings, so they come from the image's config
@@ -33,7 +33,7 @@ from builder.engine import overlay_mount, write_once
 from builder.engine.container_limits import own_ulimits
 from builder.engine.image_container import ContainerRequest
 from builder.errors import UserError
-from builder.oci import layer_tree
+from builder.oci.layer_index import LayerIndex, LayerIndexes
 from builder.oci.layout import Layout
 
 LIBPOD = "/v4.0.0/libpod"  # podman 4's own API, served beside the compatible one
@@ -113,12 +113,12 @@ def _raise_for_status(response: requests.Response) -> None:
 
 @dataclass(frozen=True)
 class LayoutImage:
-    """An image of the builder's layout: its config and its layers' trees, base first. Each container
-    stacks the trees under an upper directory of its own in `scratch`."""
+    """An image of the builder's layout: its config and its layers, base first. Each container stacks
+    them under an upper directory of its own in `scratch`."""
 
     name: str  # the image id
     config: Mapping
-    lowers: tuple[Path, ...]
+    lowers: tuple[LayerIndex, ...]
     scratch: Path
 
     @contextlib.contextmanager
@@ -135,10 +135,10 @@ class LayoutImage:
 
 
 def layout_image(write_once_root: Path, image_id: str) -> LayoutImage | None:
-    """The image as the write-once layout under `write_once_root` holds it, each layer's tree extracted
-    there once (kept by diff_id); None when the layout lacks its config or a layer. What killed runs
-    left there (their containers' overlays, their half-extracted trees) is removed first, unless a live
-    run's work is there too (then the next call does it)."""
+    """The image as the write-once layout under `write_once_root` holds it, each layer indexed there
+    once (kept by diff_id); None when the layout lacks its config or a layer. What killed runs left
+    there (their containers' overlays, their half-written indexes) is removed first, unless a live run's
+    work is there too (then the next call does it)."""
     layout = Layout(write_once_root / "layout")
     if not layout.has_blob(image_id):
         return None
@@ -148,6 +148,6 @@ def layout_image(write_once_root: Path, image_id: str) -> LayoutImage | None:
         return None
     scratch = write_once_root / "containers"
     overlay_mount.sweep(scratch)
-    trees = layer_tree.for_this_boot(write_once.trees_dir(write_once_root))
-    trees.sweep()
-    return LayoutImage(image_id, config, tuple(trees.tree(layout, diff_id) for diff_id in diff_ids), scratch)
+    indexes = LayerIndexes(write_once.indexes_dir(write_once_root))
+    indexes.sweep()
+    return LayoutImage(image_id, config, tuple(indexes.index(layout, diff_id) for diff_id in diff_ids), scratch)

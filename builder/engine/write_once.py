@@ -1,7 +1,7 @@
 """The write-once build: the builder runs the rendered Dockerfile's steps itself and writes each layer once.
 
-The image's layers, each extracted once into a tree kept by its diff_id (builder/oci/layer_tree.py),
-are stacked by overlayfs under a fresh upper directory (overlay_mount.py): the root every step that
+The image's layers, each indexed once for mounting with its tar blob as the data (an EROFS index kept
+by diff_id, builder/oci/layer_index.py: no copy of its files), are stacked by overlayfs under a fresh upper directory (overlay_mount.py): the root every step that
 needs the image's own programs runs on, by the OCI runtime with no network (step_runner.py), and every
 COPY writes into (builder/oci/context_copy.py). After each step the builder reads what changed and
 writes it as one canonical layer into an OCI layout (builder/oci/tree_layer.py). The wheel groups'
@@ -37,8 +37,7 @@ from builder.errors import BuildFailure
 from builder.files import TEMP_SUFFIX, locked
 from builder.oci import canonical, context_copy
 from builder.oci import dockerfile_plan, layer_listing, step_cache, tree_layer, wheel_layer
-from builder.oci import layer_tree
-from builder.oci.layer_tree import LayerTrees
+from builder.oci.layer_index import LayerIndex, LayerIndexes
 from builder.oci.layout import Layout, digest_of, linked_layout
 from builder.paths import TOOLS_DIR, layer_listings_dir
 
@@ -102,10 +101,11 @@ def exclusive(root: Path) -> Iterator[None]:
 
 
 def sweep_leftovers(store: Layout, root: Path) -> list[str]:
-    """What a killed build left, under the lock: its half-written blobs and trees, its runtime
+    """What a killed build left, under the lock: its half-written blobs and indexes, its runtime
     containers and mounts, its scratch. Returns what went."""
-    swept = _runner(root).sweep() + overlay_mount.sweep(_roots(root)) + _trees(root).sweep() + \
-        layer_tree.sweep_other_boots(trees_dir(root))
+    swept = _runner(root).sweep() + overlay_mount.sweep(_roots(root)) + _indexes(root).sweep()
+    # Where builds before the indexes extracted each layer: gigabytes nothing reads any more.
+    shutil.rmtree(root / "trees", ignore_errors=True)
     for path in [*store.blobs.glob(f".*{TEMP_SUFFIX}"), *scratch_dir(root).iterdir()]:
         shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
         swept.append(path.name)
@@ -116,13 +116,13 @@ def _runner(root: Path) -> step_runner.StepRunner:
     return step_runner.StepRunner(root / "runtime", scratch_dir(root))
 
 
-def _trees(root: Path) -> LayerTrees:
-    return layer_tree.for_this_boot(trees_dir(root))
+def _indexes(root: Path) -> LayerIndexes:
+    return LayerIndexes(indexes_dir(root))
 
 
-def trees_dir(root: Path) -> Path:
-    """Where the layers' trees are kept (oci/layer_tree.py), beside the layout they are extracted from."""
-    return root / "trees"
+def indexes_dir(root: Path) -> Path:
+    """Where the layers' indexes are kept (oci/layer_index.py), beside the layout whose blobs they mount."""
+    return root / "indexes"
 
 
 def _roots(root: Path) -> Path:
@@ -131,21 +131,21 @@ def _roots(root: Path) -> Path:
 
 
 class _OwnRoot:
-    """The root the steps that need the image's own programs run on: the trees of the layers so far
-    stacked under a fresh upper directory. It is stacked again after a layer the builder wrote without
+    """The root the steps that need the image's own programs run on: the layers so far stacked under a
+    fresh upper directory. It is stacked again after a layer the builder wrote without
     it (a wheel group), whose files it lacks."""
 
-    def __init__(self, store: Layout, trees: LayerTrees, scratch: Path) -> None:
-        self.store, self.trees, self.scratch = store, trees, scratch
+    def __init__(self, store: Layout, indexes: LayerIndexes, scratch: Path) -> None:
+        self.store, self.indexes, self.scratch = store, indexes, scratch
         self._mount: contextlib.ExitStack | None = None
         self.root = Path()
 
-    def lowers(self, diff_ids: Sequence[str]) -> list[Path]:
-        """The layers' trees, extracted where missing."""
-        return [self.trees.tree(self.store, diff_id) for diff_id in diff_ids]
+    def lowers(self, diff_ids: Sequence[str]) -> list[LayerIndex]:
+        """The layers as they mount, indexed where not yet."""
+        return [self.indexes.index(self.store, diff_id) for diff_id in diff_ids]
 
-    def start(self, lowers: Sequence[Path], after_run: bool) -> None:
-        """On the trees `lowers`; `after_run`: a RUN step came before, so the engine's stubs are made
+    def start(self, lowers: Sequence[LayerIndex], after_run: bool) -> None:
+        """On the layers `lowers`; `after_run`: a RUN step came before, so the engine's stubs are made
         first (step_runner.engine_stubs)."""
         self.close()
         self._mount = contextlib.ExitStack()
@@ -258,10 +258,10 @@ def write_image(buildah: Sequence[str], request: BuildRequest, root: Path, progr
                 ) -> WrittenImage:
     """Every step of `request`'s Dockerfile that the cache does not hold run (or, for a wheel group,
     written from its plan), each layer written once into the layout under `root`. The longest cached
-    prefix of steps is not run: the first step to run starts on the trees of its layers. The image's
+    prefix of steps is not run: the first step to run starts on the stack of its layers. The image's
     config and layers are in the result."""
     started = time.monotonic()
-    store, workdir, trees = Layout.create(root / "layout"), scratch_dir(root), _trees(root)
+    store, workdir, indexes = Layout.create(root / "layout"), scratch_dir(root), _indexes(root)
     cache, memo = step_cache.StepCache(root / "steps"), step_cache.DigestMemo(root / "digests.json")
     plan = dockerfile_plan.parse(request.dockerfile.read_text(), dict(request.build_args))
     base_id, base_config = _base(buildah, plan.base)
@@ -279,12 +279,12 @@ def write_image(buildah: Sequence[str], request: BuildRequest, root: Path, progr
         layer_steps = sum(not step.empty_layer for step in plan.steps)
         progress(f"layer cache: {reused.layers} of {layer_steps} layers reused")
     written = bytes_written = 0
-    own_root = _OwnRoot(store, trees, _roots(root))
+    own_root = _OwnRoot(store, indexes, _roots(root))
     runner = _runner(root)
     current = False  # whether the root holds every layer so far
     before: dict = {}
     build_started = 0
-    groups = _GroupWriter(store, trees, request, memo)
+    groups = _GroupWriter(store, indexes, request, memo)
     try:
         for index in range(first_to_run, len(plan.steps)):
             groups.start(index, plan.steps[index])
@@ -300,8 +300,8 @@ def write_image(buildah: Sequence[str], request: BuildRequest, root: Path, progr
                 if not current:
                     stacking = time.monotonic()
                     lowers = own_root.lowers(config.diff_ids)
-                    # After the trees: a directory they hold is born before the mark, so its copy-up is
-                    # not taken for a directory made again.
+                    # After the indexes: a directory the layers hold is older than the mark, so its
+                    # copy-up is not taken for a directory made again.
                     build_started = tree_layer.mark(workdir)
                     own_root.start(lowers, any(s.keyword == "RUN" for s in plan.steps[:index]))
                     if progress and len(config.diff_ids) > len(base_layers):
@@ -344,8 +344,8 @@ class _GroupWriter:
     read from its plan and its wheels alone, so it waits neither for the steps before it nor for the
     other groups, and the groups share the cores (zlib, hashing and the writes let go of the GIL)."""
 
-    def __init__(self, store: Layout, trees: LayerTrees, request: BuildRequest, memo: step_cache.DigestMemo) -> None:
-        self.store, self.trees, self.request, self.memo = store, trees, request, memo
+    def __init__(self, store: Layout, indexes: LayerIndexes, request: BuildRequest, memo: step_cache.DigestMemo) -> None:
+        self.store, self.indexes, self.request, self.memo = store, indexes, request, memo
         self.futures: dict[int, Future] = {}
         self.stop = threading.Event()
         self.pool = ThreadPoolExecutor(min(2, os.cpu_count() or 1), thread_name_prefix="wheel-layer")
@@ -357,14 +357,12 @@ class _GroupWriter:
             self.futures[index] = self.pool.submit(self._write, *planned)
 
     def _write(self, plan_file: Path, wheel_dir: Path) -> tree_layer.WrittenLayer:
-        # Its tree written beside its tar, each file as it streams by: the next container step stacks it,
-        # and nothing reads the layer again to extract it.
-        with self.trees.filled() as (tree, name):
-            layer = wheel_layer.write_planned_layer(
-                self.store, wheel_layer.WheelPlan.from_json(plan_file.read_bytes(), str(plan_file)), wheel_dir,
-                self.request.source_date_epoch, lambda path: self.memo.file_digest(path, path.stat()),
-                directories=_BIND_MOUNT_LEAVES, stop=self.stop, tree=tree)
-            name(layer.diff_id)
+        layer = wheel_layer.write_planned_layer(
+            self.store, wheel_layer.WheelPlan.from_json(plan_file.read_bytes(), str(plan_file)), wheel_dir,
+            self.request.source_date_epoch, lambda path: self.memo.file_digest(path, path.stat()),
+            directories=_BIND_MOUNT_LEAVES, stop=self.stop)
+        # Indexed here, while the tar is in the page cache: the next container step stacks it.
+        self.indexes.index(self.store, layer.diff_id)
         return layer
 
     def written(self, index: int) -> tree_layer.WrittenLayer | None:
@@ -423,7 +421,7 @@ def scratch_dir(root: Path) -> Path:
 
 
 def build_into_layout(buildah: Sequence[str], request: BuildRequest, root: Path) -> WrittenImage:
-    """The write-once build under `root` (its layout, trees, layer cache and scratch): the image's layers
+    """The write-once build under `root` (its layout, indexes, layer cache and scratch): the image's layers
     and config in the layout. Call it under exclusive(root), after the sweep."""
     written = write_image(buildah, request, root, request.progress)
     store = Layout(root / "layout")

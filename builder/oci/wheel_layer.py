@@ -26,13 +26,12 @@ import csv
 import hashlib
 import io
 import json
-import os
 import posixpath
 import re
 import tarfile
 import threading
 import zipfile
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -299,20 +298,16 @@ def plan_layer(wheels: Sequence[LockedWheel], scheme: VenvScheme,
 
 def write_planned_layer(layout: Layout, plan: WheelPlan, wheel_dir: Path, epoch: int,
                         file_digest: Callable[[Path], str] = sha256_file,
-                        directories: Sequence[str] = (), stop: threading.Event | None = None,
-                        tree: Path | None = None) -> WrittenLayer:
+                        directories: Sequence[str] = (), stop: threading.Event | None = None) -> WrittenLayer:
     """Pass two: the plan's files, read from its wheels in `wheel_dir` (each checked against the plan's
     sha256 first), as one canonical tar with every entry at mtime `epoch` (SOURCE_DATE_EPOCH), owned by
     root; its blob stored in `layout` (or found there: same bytes). `directories` (relative to the
     image's root, mode 0755) are in the layer too: what the engine leaves in the step's layer besides.
-    With `tree` (an empty directory), the same entries are written there as the tar takes them: the
-    layer extracted without reading it again (oci/layer_tree.py). Once `stop` is set (by another
-    thread) the writing ends, its temporary blob removed."""
+    Once `stop` is set (by another thread) the writing ends, its temporary blob removed."""
     with ExitStack() as stack:
         archives = [_open_locked(stack, wheel_dir / name, sha256, file_digest)[1:] for name, sha256 in plan.wheels]
         with layout.blob_writer() as blob:
-            listing = _write_tar(blob, plan.files, directories, archives, epoch, stop or threading.Event(),
-                                 None if tree is None else _TreeCopy(tree, epoch))
+            listing = _write_tar(blob, plan.files, directories, archives, epoch, stop or threading.Event())
     return WrittenLayer(blob.digest, blob.size, tuple(listing))
 
 
@@ -326,8 +321,7 @@ def write_wheel_layer(layout: Layout, wheels: Sequence[LockedWheel], scheme: Ven
 
 
 def _write_tar(sink, files: Sequence[PlannedFile], directories: Sequence[str],
-               archives: list[tuple[zipfile.ZipFile, int]], epoch: int, stop: threading.Event,
-               copy: _TreeCopy | None) -> list[layer_listing.Row]:
+               archives: list[tuple[zipfile.ZipFile, int]], epoch: int, stop: threading.Event) -> list[layer_listing.Row]:
     written_dirs: set[str] = set()
     listing: list[layer_listing.Row] = []
     entries = sorted([*((f.path, f) for f in files), *((d, None) for d in directories)],
@@ -344,68 +338,21 @@ def _write_tar(sink, files: Sequence[PlannedFile], directories: Sequence[str],
                     written_dirs.add(directory)
                     tar.addfile(_header(directory, tarfile.DIRTYPE, _DIRECTORY_MODE, 0, epoch))
                     listing.append((layer_listing.absolute(directory), "dir", ""))
-                    if copy is not None:
-                        copy.directory(directory)
             if planned is None:
                 continue
             header = _header(planned.path, tarfile.REGTYPE, planned.mode, planned.size, epoch)
             listing.append((layer_listing.absolute(planned.path), "file", ""))
-            with contextlib.ExitStack() as opened:
-                copied = None if copy is None else opened.enter_context(copy.file(planned.path, planned.mode))
-                if planned.data is not None:
-                    tar.addfile(header, _Copied(io.BytesIO(planned.data), copied))
-                    continue
-                archive, descriptor = archives[planned.wheel]
-                stream = opened.enter_context(zip_member.open_member(archive, descriptor, planned.member))
+            if planned.data is not None:
+                tar.addfile(header, io.BytesIO(planned.data))
+                continue
+            archive, descriptor = archives[planned.wheel]
+            with zip_member.open_member(archive, descriptor, planned.member) as stream:
                 checked = _Checked(stream) if planned.sha256 is not None else None
-                # The member's CRC is checked as it is read.
-                tar.addfile(header, _Copied(checked or stream, copied))
+                tar.addfile(header, checked or stream)  # the member's CRC is checked as it is read
             if checked is not None and checked.digest.hexdigest() != planned.sha256:
                 raise BuildFailure(f"{Path(str(archive.filename)).name}: {planned.member} has sha256 "
                                    f"{checked.digest.hexdigest()}, its RECORD says {planned.sha256}; not installed")
-    if copy is not None:
-        copy.finish()
     return listing
-
-
-class _TreeCopy:
-    """The layer's entries as files under `root`, as GNU tar would extract its tar: directories 0755,
-    each file with its mode, owned by root, every time `epoch` (a directory's set once all it holds is
-    there)."""
-
-    def __init__(self, root: Path, epoch: int) -> None:
-        self.root, self.epoch, self.directories = root, epoch, []
-
-    def directory(self, path: str) -> None:
-        target = self.root / path
-        target.mkdir(mode=_DIRECTORY_MODE)
-        os.chmod(target, _DIRECTORY_MODE)
-        self.directories.append(target)
-
-    @contextlib.contextmanager
-    def file(self, path: str, mode: int) -> Iterator[BinaryIO]:
-        target = self.root / path
-        with open(target, "xb") as handle:
-            yield handle
-        os.chmod(target, mode)
-        os.utime(target, (self.epoch, self.epoch))
-
-    def finish(self) -> None:
-        for directory in reversed(self.directories):
-            os.utime(directory, (self.epoch, self.epoch))
-
-
-class _Copied:
-    """A stream whose bytes, as the tar reads them, also go to `copy` (when there is one)."""
-
-    def __init__(self, stream, copy: BinaryIO | None) -> None:
-        self.stream, self.copy = stream, copy
-
-    def read(self, size: int = -1) -> bytes:
-        data = self.stream.read(size)
-        if self.copy is not None:
-            self.copy.write(data)
-        return data
 
 
 class _Checked:
