@@ -11,6 +11,7 @@ import stat
 import subprocess
 import sys
 import contextlib
+import shutil
 import tarfile
 import threading
 from collections.abc import Iterator
@@ -22,7 +23,7 @@ from builder.engine import overlay_mount
 from builder.engine.overlay_mount import stacked
 from builder.errors import BuildFailure, UserError
 from builder.files import mounts_below
-from builder.oci import layer_index
+from builder.oci import layer_index, tree_layer
 from builder.oci.layer_index import LayerIndex, LayerIndexes
 from builder.oci.layout import Layout, hex_of
 
@@ -476,3 +477,58 @@ def test_the_sweep_unmounts_what_a_killed_process_left(layout, indexes, tmp_path
     assert overlay_mount.sweep(scratch) == [left.name]
     assert mounts_below(scratch) == []
     assert [path.name for path in scratch.iterdir()] == [".lock"]
+
+
+def _layer_entries(layout: Layout, diff_id: str) -> list[tuple[str, bytes]]:
+    with tarfile.open(layout.blob_path(diff_id)) as tar:
+        return [(member.name, member.type) for member in tar]
+
+
+def test_a_steps_layer_is_read_from_the_upper_directory_alone(layout, indexes, tmp_path):
+    """What a step changed on a stack, read from its upper directory (oci/tree_layer.py): a file and a
+    directory of the layers removed (whiteouts), a directory of the layers removed and made again
+    (opaque), new directories (never opaque, though overlayfs marks them), a directory copied up;
+    then a second step on the same upper directory, whose layer repeats none of the first's."""
+    base = add_layer(layout, directory("."), directory("etc"), member("etc/old", data=b"o"),
+                     directory("opt"), directory("opt/remade"), member("opt/remade/x", data=b"x"),
+                     directory("usr"), directory("usr/gone"), member("usr/gone/y", data=b"y"),
+                     directory("var"), member("var/kept", data=b"k"))
+    scratch = tmp_path / "work"
+    scratch.mkdir()
+    started = tree_layer.mark(scratch)
+    with stacked([indexes.index(layout, base), indexes.index(layout, add_layer(layout, member("top")))],
+                 tmp_path / "scratch") as stack:
+        before = tree_layer.snapshot(stack.upper)
+        since = tree_layer.mark(scratch)
+        root = stack.merged
+        (root / "etc/old").unlink()
+        shutil.rmtree(root / "opt/remade")
+        (root / "opt/remade").mkdir()
+        (root / "opt/remade/z").write_bytes(b"z")
+        shutil.rmtree(root / "usr/gone")
+        (root / "var/new").mkdir()
+        (root / "var/new/deeper").mkdir()
+        (root / "made").mkdir()
+        (root / "made/f").write_bytes(b"f")
+
+        def step_layer(since_ns, snapshot):
+            return tree_layer.write_step_layer(layout, root, stack.upper, since_ns, snapshot, EPOCH, drop_stubs=False,
+                                               build_started_ns=started, lowers=stack.lowers)
+
+        first, after = step_layer(since, before)
+        assert _layer_entries(layout, first.diff_id) == [
+            ("etc", tarfile.DIRTYPE), ("etc/.wh.old", tarfile.REGTYPE),
+            ("made", tarfile.DIRTYPE), ("made/f", tarfile.REGTYPE),
+            ("opt", tarfile.DIRTYPE), ("opt/remade", tarfile.DIRTYPE), ("opt/remade/.wh..wh..opq", tarfile.REGTYPE),
+            ("opt/remade/z", tarfile.REGTYPE),
+            ("usr", tarfile.DIRTYPE), ("usr/.wh.gone", tarfile.REGTYPE),  # its link names the first whiteout
+            ("var", tarfile.DIRTYPE), ("var/new", tarfile.DIRTYPE), ("var/new/deeper", tarfile.DIRTYPE),
+        ]
+        since = tree_layer.mark(scratch)
+        (root / "made/f").unlink()  # of the first step alone: no whiteout of the layers' to make it
+        (root / "var/kept").write_bytes(b"changed")
+        second, _ = step_layer(since, after)
+        assert _layer_entries(layout, second.diff_id) == [
+            ("made", tarfile.DIRTYPE), ("made/.wh.f", tarfile.REGTYPE),
+            ("var", tarfile.DIRTYPE), ("var/kept", tarfile.REGTYPE),
+        ]

@@ -87,7 +87,7 @@ def test_a_step_layer_holds_what_changed_its_parents_and_whiteouts(tmp_path):
     os.symlink("new", root / "opt" / "kept" / "to-new")
     (root / "etc" / "hostname").write_text("")  # an engine's mount point: never in a RUN layer
     layout = Layout.create(tmp_path / "layout")
-    layer, after = tree_layer.write_step_layer(layout, root, since, before, EPOCH, drop_stubs=True)
+    layer, after = tree_layer.write_step_layer(layout, root, root, since, before, EPOCH, drop_stubs=True)
     entries = _entries(layout, layer.diff_id)
     assert [(name, kind) for name, kind, *_ in entries] == [
         ("etc", tarfile.DIRTYPE), ("etc/.wh.issue", tarfile.REGTYPE),
@@ -128,7 +128,7 @@ def test_a_directory_made_again_is_opaque_and_a_copied_up_one_is_not(tmp_path):
     (root / "made" / "b").write_text("new")
     (root / "made" / "sub").mkdir()  # below an opaque directory: new, not opaque
     (root / "base-dir" / "added").write_text("added")
-    layer, _ = tree_layer.write_step_layer(Layout.create(tmp_path / "layout"), root, since, before, EPOCH,
+    layer, _ = tree_layer.write_step_layer(Layout.create(tmp_path / "layout"), root, root, since, before, EPOCH,
                                            drop_stubs=False, build_started_ns=started)
     names = [entry[0] for entry in _entries(Layout(tmp_path / "layout"), layer.diff_id)]
     assert names == ["base-dir", "base-dir/added", "made", "made/.wh..wh..opq", "made/b", "made/sub"]
@@ -143,7 +143,7 @@ def test_the_same_tree_change_gives_the_same_layer_bytes(tmp_path):
         since = tree_layer.mark(tmp_path / run)
         for name in ("b", "a/c", "a/b-c"):
             (root / name).write_text(name)
-        layer, _ = tree_layer.write_step_layer(Layout.create(tmp_path / run / "layout"), root, since, before, EPOCH,
+        layer, _ = tree_layer.write_step_layer(Layout.create(tmp_path / run / "layout"), root, root, since, before, EPOCH,
                                                drop_stubs=False)
         digests.append(layer.diff_id)
     assert digests[0] == digests[1]
@@ -167,7 +167,7 @@ def test_a_copy_layer_read_from_its_destination_is_the_whole_walks_layer(tmp_pat
         (root / "opt" / "builder" / "runtime" / "sub").mkdir()
         (root / "opt" / "builder" / "runtime" / "sub" / "a.py").write_text("a")
         (root / "opt" / "builder" / "runtime" / "old.py").unlink()
-        layer, after = tree_layer.write_step_layer(Layout.create(tmp_path / run / "layout"), root, since, before,
+        layer, after = tree_layer.write_step_layer(Layout.create(tmp_path / run / "layout"), root, root, since, before,
                                                    EPOCH, drop_stubs=False, under=under)
         results.append((layer.diff_id, after.paths, after.directories.keys()))
     assert results[0] == results[1] == results[2]

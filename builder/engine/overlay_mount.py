@@ -1,7 +1,8 @@
 """Image layers stacked by overlayfs under a fresh upper directory: the root a container step runs on,
 its layers (oci/layer_index.py) as the lower directories, its changes in the upper one.
 
-Each stack lives in a directory of its own under the scratch directory: `upper`, `work`, `merged`, and
+Each stack lives in a directory of its own under the scratch directory: `upper`, `work`, `merged`,
+`lowers` (the layers alone, read-only: what a step's layer is told against, oci/tree_layer.py), and
 a directory per layer named by its number (`0` the base) on which the layer's EROFS index is mounted
 with its tar blob as the data device, for the stack's life only (nothing outlives it to be unmounted by
 anyone else). The kernel takes both files as /proc/self/fd paths, and the overlay's options name the
@@ -38,10 +39,10 @@ _UNMOUNT_TRIES = 10
 _LOCK = ".lock"
 # Named, so every host's kernel defaults give the same stack: the upper directory holds each change whole
 # (no redirect to a renamed lower directory, no metadata-only copy-up), and a hard link copies up as on
-# the engine's mounts (no inode index). xino: the layers are on EROFS and the upper directory elsewhere,
-# and without it a directory's inode number is one overlayfs makes up per cached inode; with it, the
-# number is the layer's own (with the layer's filesystem in its high bits) before and after copy-up,
-# which is how tree_layer tells a directory kept from one removed and made again.
+# the engine's mounts (no inode index). xino: each layer is a filesystem of its own (EROFS), and without
+# it two files of two layers can show one inode number on one device (a hard link, to `tar` or `cp -a`)
+# and a directory's number is one overlayfs makes up per cached inode; with it, each number is the
+# layer's own with the layer's filesystem in its high bits, the same before and after a copy-up.
 _FEATURES = "redirect_dir=off,metacopy=off,index=off,xino=on"
 _MS_RDONLY = 1
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -53,6 +54,7 @@ _DEFAULT_ROOT = (0, 0, 0o755)
 class Stack:
     merged: Path  # the root the step sees
     upper: Path  # what the step changed, as overlayfs records it
+    lowers: Path  # the layers alone, read-only: the root as it was when the stack was made
 
 
 @contextlib.contextmanager
@@ -129,14 +131,24 @@ def _mount(lowers: list[LayerIndex], place: Path) -> Stack:
     os.chmod(upper, mode)
     topmost_first = ":".join(str(number) for number in reversed(range(len(lowers))))
     options = f"lowerdir={topmost_first},upperdir=upper,workdir=work,{_FEATURES}"
+    _mount_overlay(options, merged, place, len(lowers))
+    if len(lowers) == 1:
+        return Stack(merged=merged, upper=upper, lowers=place / "0")
+    # overlayfs stacks two layers or more without an upper directory, read-only.
+    lowers_only = place / "lowers"
+    lowers_only.mkdir()
+    _mount_overlay(f"lowerdir={topmost_first},{_FEATURES}", lowers_only, place, len(lowers))
+    return Stack(merged=merged, upper=upper, lowers=lowers_only)
+
+
+def _mount_overlay(options: str, target: Path, place: Path, layers: int) -> None:
     with _kernel_log() as kernel:
-        mounted = subprocess.run(["mount", "-t", "overlay", "overlay", "-o", options, str(merged)], cwd=place,
+        mounted = subprocess.run(["mount", "-t", "overlay", "overlay", "-o", options, str(target)], cwd=place,
                                  stdin=subprocess.DEVNULL, capture_output=True, text=True, check=False)
         if mounted.returncode != 0:
             said = "; ".join(_kernel_lines(kernel, "overlayfs:")) or (
                 mounted.stderr.strip().splitlines() or ["no reason"])[0]
-            raise BuildFailure(f"overlay: mounting {len(lowers)} layers on {merged} failed: {one_line(said)}")
-    return Stack(merged=merged, upper=upper)
+            raise BuildFailure(f"overlay: mounting {layers} layers on {target} failed: {one_line(said)}")
 
 
 def _mount_layer(lower: LayerIndex, target: Path) -> None:

@@ -138,7 +138,7 @@ class _OwnRoot:
     def __init__(self, store: Layout, indexes: LayerIndexes, scratch: Path) -> None:
         self.store, self.indexes, self.scratch = store, indexes, scratch
         self._mount: contextlib.ExitStack | None = None
-        self.root = Path()
+        self.root = self.upper = self.lower_view = Path()
 
     def lowers(self, diff_ids: Sequence[str]) -> list[LayerIndex]:
         """The layers as they mount, indexed where not yet."""
@@ -149,7 +149,8 @@ class _OwnRoot:
         first (step_runner.engine_stubs)."""
         self.close()
         self._mount = contextlib.ExitStack()
-        self.root = self._mount.enter_context(overlay_mount.stacked(lowers, self.scratch)).merged
+        stack = self._mount.enter_context(overlay_mount.stacked(lowers, self.scratch))
+        self.root, self.upper, self.lower_view = stack.merged, stack.upper, stack.lowers
         if after_run:
             step_runner.engine_stubs(self.root)
 
@@ -300,25 +301,25 @@ def write_image(buildah: Sequence[str], request: BuildRequest, root: Path, progr
                 if not current:
                     stacking = time.monotonic()
                     lowers = own_root.lowers(config.diff_ids)
-                    # After the indexes: a directory the layers hold is older than the mark, so its
-                    # copy-up is not taken for a directory made again.
+                    # Before the stack: every directory of its upper directory is born after this mark
+                    # (tree_layer tells one made again from one kept by its birth too).
                     build_started = tree_layer.mark(workdir)
                     own_root.start(lowers, any(s.keyword == "RUN" for s in plan.steps[:index]))
                     if progress and len(config.diff_ids) > len(base_layers):
                         progress(f"root on the {len(config.diff_ids)} layers so far "
                                  f"({time.monotonic() - stacking:.1f} s)")
-                    before, current = tree_layer.snapshot(own_root.root), True
+                    before, current = tree_layer.snapshot(own_root.upper), True
                 since = tree_layer.mark(workdir)
                 if step.keyword == "COPY":
                     context_copy.copy_into(own_root.root, [request.context_dir / source for source in step.sources],
                                            step.destination)
                 else:
                     _run_step(runner, own_root.root, step, request.context_dir, config, args, progress)
-                layer, before = tree_layer.write_step_layer(store, own_root.root, since, before,
+                layer, before = tree_layer.write_step_layer(store, own_root.root, own_root.upper, since, before,
                                                             request.source_date_epoch,
                                                             drop_stubs=step.keyword == "RUN",
                                                             build_started_ns=build_started,
-                                                            under=_copied_to(step))
+                                                            under=_copied_to(step), lowers=own_root.lower_view)
             cache.record(keys[index], step_cache.CachedLayer(layer.diff_id, layer.size))
             # Listed as written: the smoke gate's view of the image then reads no tar for it.
             layer_listing.keep(layer_listings_dir(), layer.diff_id, list(layer.listing))

@@ -1,15 +1,19 @@
-"""What one build step changed in a container's root filesystem, written as one canonical layer.
+"""What one build step changed in the root it ran on, written as one canonical layer.
 
-The write-once builder (builder/engine/write_once.py) runs every step in one working container and
-reads its files through `buildah mount` (the engine's public interface, never its storage's files).
-A step's layer is what the engine's own layer for it would hold, in canonical.py's form:
+The write-once builder (builder/engine/write_once.py) runs the steps on a root that overlayfs stacks
+from the image's layers under an upper directory of the builder's own (engine/overlay_mount.py). All a
+step changes lands in that upper directory, so only it is read, never the image's whole tree. The
+upper directory gathers every step since the stack was made, and a step's layer is what the engine's
+own fresh upper layer for that step would hold, in canonical.py's form:
   - every entry whose inode changed during the step: the kernel sets ctime on any write, chmod, chown,
     rename or link, and on the copy-up of a lower file, so "ctime at or after the step's mark" is
     exactly what an overlay upper layer would hold; the mark is a file made just before the step,
     so it carries the kernel's own (coarse) clock;
   - every directory above such an entry (an engine's fresh upper layer copies each one up);
-  - a whiteout (".wh.NAME", mode 0) for each path that was there before the step and is gone, at the
-    place of NAME in the order;
+  - a whiteout (".wh.NAME", mode 0) for each path that was there before the step and is gone: where
+    overlayfs put its own whiteout during the step, or where an entry of an earlier step vanished;
+  - an opaque marker for a directory removed and made again: one overlayfs marked opaque during the
+    step, or one of an earlier step that has another inode (or, its number reused, was born again);
   - with every time set to SOURCE_DATE_EPOCH (as `buildah build --timestamp` does), permission bits
     only, numeric owners, extended attributes as SCHILY.xattr.*, a second name of an inode as a hard
     link, and the engine's empty mount-point stubs (canonical.ENGINE_STUBS) left out of RUN steps.
@@ -38,20 +42,25 @@ _STATX_SIZE, _STATX_BTIME_OFFSET = 256, 80  # struct statx (linux/stat.h): stx_b
 _WHITEOUT = ".wh."
 # The overlay's own bookkeeping; never part of an image.
 _HIDDEN_XATTR = ("trusted.overlay.", "security.selinux")
+_OPAQUE_XATTR = "trusted.overlay.opaque"
 
 
 @dataclass(frozen=True)
 class Snapshot:
-    """Every path in the tree (relative, "/"-separated) after a step, and each directory's inode: what a
-    later deletion, and a directory removed and made again, are told from."""
+    """The upper directory after a step: every path in it (relative, "/"-separated) but overlayfs's
+    whiteouts, each directory's inode and birth time, the whiteouts, and the directories overlayfs
+    marked opaque: what a later deletion, and a directory removed and made again, are told from."""
 
     paths: frozenset[str]
     directories: dict[str, tuple[int, int | None]]  # inode number, birth time
+    whiteouts: frozenset[str]
+    opaque: frozenset[str]
 
 
-def _snapshot_of(root: Path, stats: dict[str, os.stat_result]) -> Snapshot:
-    return Snapshot(frozenset(stats), {path: (info.st_ino, _birth(root / path)) for path, info in stats.items()
-                                       if stat.S_ISDIR(info.st_mode)})
+def _snapshot_of(upper: Path, stats: dict[str, os.stat_result], whiteouts: set[str]) -> Snapshot:
+    directories = {path: info for path, info in stats.items() if stat.S_ISDIR(info.st_mode)}
+    return Snapshot(frozenset(stats), {path: (info.st_ino, _birth(upper / path)) for path, info in directories.items()},
+                    frozenset(whiteouts), frozenset(path for path in directories if _marked_opaque(upper / path)))
 
 
 @dataclass(frozen=True)
@@ -104,8 +113,15 @@ def _plain_path(root: Path, path: str) -> bool:
     return True
 
 
-def snapshot(root: Path) -> Snapshot:
-    return _snapshot_of(root, {path: info for path, info in walk(root) if not _is_stub(path, info)})
+def snapshot(upper: Path) -> Snapshot:
+    stats: dict[str, os.stat_result] = {}
+    whiteouts: set[str] = set()
+    for path, info in walk(upper):
+        if _is_whiteout(info):
+            whiteouts.add(path)
+        elif not _is_stub(path, info):
+            stats[path] = info
+    return _snapshot_of(upper, stats, whiteouts)
 
 
 def mark(scratch: Path) -> int:
@@ -149,6 +165,33 @@ def _parents(path: str) -> Iterator[str]:
     return ("/".join(parts[:depth]) for depth in range(1, len(parts)))
 
 
+def _lower_directory(lowers: Path, path: str, before: Snapshot) -> bool:
+    """Whether the root held a directory at `path` from the stack's layers when the step began: overlayfs
+    also marks opaque every directory made new in a directory the layers hold (it spares itself the
+    lookups below), so its mark alone does not say that one was removed. An earlier step's whiteout, or
+    a directory it made or made again, hides what the layers hold below."""
+    if path in before.paths or path in before.whiteouts:
+        return False
+    if any(parent in before.whiteouts or parent in before.opaque for parent in _parents(path)):
+        return False
+    try:
+        return stat.S_ISDIR(os.lstat(lowers / path).st_mode)
+    except OSError:
+        return False
+
+
+def _is_whiteout(info: os.stat_result) -> bool:
+    """overlayfs's whiteout in an upper directory: a character device 0:0."""
+    return stat.S_ISCHR(info.st_mode) and info.st_rdev == 0
+
+
+def _marked_opaque(path: Path) -> bool:
+    try:
+        return os.getxattr(path, _OPAQUE_XATTR, follow_symlinks=False) == b"y"
+    except OSError:
+        return False
+
+
 def _is_stub(path: str, info: os.stat_result) -> bool:
     return path in canonical.ENGINE_STUBS and stat.S_ISREG(info.st_mode) and info.st_size == 0
 
@@ -190,17 +233,29 @@ def _header(root: Path, path: str, info: os.stat_result, epoch: int, link_to: st
     return canonical.canonical_entry(entry)
 
 
-def write_step_layer(layout: Layout, root: Path, since_ns: int, before: Snapshot, epoch: int,
-                     drop_stubs: bool, build_started_ns: int = 0, under: str | None = None) -> tuple[WrittenLayer, Snapshot]:
-    """The layer of what changed under `root` since the mark `since_ns`, stored in `layout`, and the
-    tree's paths now. `before` is the tree's paths when the step began; `build_started_ns` the mark
-    taken before the working container was made. `under` (a relative path): the step wrote nothing
-    outside it (a COPY's destination), so only it and its parents are read, not the whole tree."""
+def write_step_layer(layout: Layout, root: Path, upper: Path, since_ns: int, before: Snapshot, epoch: int,
+                     drop_stubs: bool, build_started_ns: int = 0, under: str | None = None,
+                     lowers: Path | None = None) -> tuple[WrittenLayer, Snapshot]:
+    """The layer of what changed since the mark `since_ns` on the stacked root `root`, read from its
+    upper directory `upper`, stored in `layout`; and the upper directory's snapshot now. `before` is
+    its snapshot when the step began; `build_started_ns` the mark taken before the stack was made;
+    `lowers` the root as the stack's layers alone give it (None: no layers below `upper`). `under` (a
+    relative path): the step wrote nothing outside it (a COPY's destination), so only it and its
+    parents are read."""
     if under is not None and not _plain_path(root, under):
         under = None  # a link on the way: where the step wrote is not where the path points on the host
     stats: dict[str, os.stat_result] = {}
     changed: set[str] = set()
-    for path, info in (walk(root) if under is None else _walk_under(root, under)):
+    whiteouts: set[str] = set()
+    new_whiteouts: set[str] = set()
+    for path, info in (walk(upper) if under is None else _walk_under(upper, under)):
+        if _is_whiteout(info):
+            # All of a stack's whiteouts are links of one inode (its ctime moves with each new one):
+            # a new whiteout is one the upper directory did not hold.
+            whiteouts.add(path)
+            if path not in before.whiteouts:
+                new_whiteouts.add(path)
+            continue
         if _is_stub(path, info):
             # The engine's mount point, made by the first RUN and kept: in no snapshot, so never
             # whited out; in a layer only where a COPY wrote it.
@@ -211,18 +266,25 @@ def write_step_layer(layout: Layout, root: Path, since_ns: int, before: Snapshot
         stats[path] = info
         if info.st_ctime_ns >= since_ns or path not in before.paths:
             changed.add(path)
-    now = _snapshot_of(root, {path: info for path, info in stats.items() if not _is_stub(path, info)})
+    now = _snapshot_of(upper, {path: info for path, info in stats.items() if not _is_stub(path, info)}, whiteouts)
     if under is not None:  # what was not read is as it was
-        outside = {path for path in before.paths if path != under and not path.startswith(under + "/")}
-        now = Snapshot(now.paths | outside, {**{path: inode for path, inode in before.directories.items()
-                                                if path in outside}, **now.directories})
+        def outside(paths):
+            return {path for path in paths if path != under and not path.startswith(under + "/")}
+        now = Snapshot(now.paths | outside(before.paths),
+                       {**{path: inode for path, inode in before.directories.items() if path in outside(before.paths)},
+                        **now.directories},
+                       now.whiteouts | outside(before.whiteouts), now.opaque | outside(before.opaque))
     # A directory removed and made again during the step is opaque: nothing below it comes from the
-    # layers under it, so its old contents need no whiteouts.
-    opaque = {path for path in now.directories if path in before.directories and path in changed
-              and _made_again(before.directories[path], now.directories[path], since_ns, build_started_ns)}
+    # layers under it, so its old contents need no whiteouts. One the layers below held, overlayfs
+    # marked opaque when it was made again over its whiteout; one an earlier step made has another
+    # inode now (or was born again).
+    opaque = {path for path in now.directories if path in changed and (
+        (path in before.directories
+         and _made_again(before.directories[path], now.directories[path], since_ns, build_started_ns))
+        or (path in now.opaque and lowers is not None and _lower_directory(lowers, path, before)))}
     # Below a directory made again every directory is new: only the top one is marked.
     opaque = {path for path in opaque if not any(parent in opaque for parent in _parents(path))}
-    removed = before.paths - now.paths
+    removed = (before.paths - now.paths) | new_whiteouts
     # A deleted path below another deleted one is covered by its parent's whiteout.
     gone = {path for path in removed
             if not any(parent in removed or parent in opaque for parent in _parents(path))}
@@ -253,9 +315,9 @@ def write_step_layer(layout: Layout, root: Path, since_ns: int, before: Snapshot
             if stat.S_ISREG(info.st_mode) and info.st_nlink > 1:
                 link_to = first_name.setdefault((info.st_dev, info.st_ino), path)
                 link_to = None if link_to == path else link_to
-            header = _header(root, path, info, epoch, link_to)
+            header = _header(upper, path, info, epoch, link_to)
             if header.type == tarfile.REGTYPE:
-                fd = os.open(root / path, os.O_RDONLY | os.O_NOFOLLOW)
+                fd = os.open(upper / path, os.O_RDONLY | os.O_NOFOLLOW)
                 with os.fdopen(fd, "rb") as handle:
                     tar.addfile(header, handle)
             else:
