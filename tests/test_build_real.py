@@ -121,19 +121,26 @@ def test_report_has_each_layer_and_patch_layer_sizes(built):
     assert torch_layer < first_patch < tools
 
 
-def test_no_op_rebuild_after_the_test_suite_reuses_every_layer_and_keeps_the_image_id(built, builder_env):
+def test_no_op_rebuild_after_the_test_suite_reuses_every_layer_and_keeps_the_image_id(built, builder_env, tmp_path):
     """By now the suite has imported builder.runtime here, leaving __pycache__ beside the in-image tools;
     one is planted too, in case this test runs alone. Neither reaches the context, so every step comes
-    from the cache and the immutable tag keeps naming the same image."""
+    from the cache and the immutable tag keeps naming the same image; no container runs, so no podman
+    service is started either (a podman on PATH before the real one logs every call)."""
     _, report = built
     planted = REPO / "builder/runtime/__pycache__"
     planted.mkdir(exist_ok=True)
     (planted / "planted-by-test.cpython-311.pyc").write_bytes(b"\x00not an input")
+    calls = tmp_path / "podman-calls"
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "podman").write_text(f'#!/bin/sh\necho "$@" >> {calls}\nexec {shutil.which("podman")} "$@"\n')
+    (tmp_path / "bin" / "podman").chmod(0o755)
     try:
-        again = builder("build", "--local-base", "--stack", BUILT_ROW, env=builder_env)
+        again = builder("build", "--local-base", "--stack", BUILT_ROW,
+                        env={**builder_env, "PATH": f"{tmp_path / 'bin'}:{builder_env.get('PATH', os.environ['PATH'])}"})
     finally:
         (planted / "planted-by-test.cpython-311.pyc").unlink()
     assert again.returncode == 0, again.stderr[-4000:]
+    assert not calls.exists()
     layers = len(report["layers"]) - 1  # every layer above the base
     assert f"layer cache: {layers} of {layers} layers reused" in again.stderr
     assert not re.search(r"\] layer \d+: ", again.stderr)  # none written

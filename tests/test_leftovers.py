@@ -185,8 +185,8 @@ def test_next_run_sweeps_what_a_dead_run_and_its_watchdog_left(storage, bystande
     time.sleep(2)
     assert container in containers(storage) and candidate in names(storage)  # left behind
     shown = io.StringIO()
-    with smoke_host.open_host(storage, Progress(shown, interactive=False)):
-        pass
+    with smoke_host.open_host(storage, Progress(shown, interactive=False)) as host:
+        host.ready()  # the next run that starts the container API sweeps
     assert f"container {container}" in shown.getvalue() and f"tag {candidate}" in shown.getvalue()
     assert container not in containers(storage)
     assert candidate not in names(storage)

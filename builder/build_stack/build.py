@@ -154,6 +154,12 @@ def _build_in_context(engine: Engine, stack: Stack, inputs: context.BuildInputs,
         return engine.write(build_request(stack, context_dir, dockerfile, candidate, no_cache, progress))
 
 
+def _answered(entry: LockEntry, image_id: str | None, stack: Stack, sbom_file: Path, resmoke: bool) -> bool:
+    """Whether the lock's smoke pass and the SBOM already answer for `image_id`: then no container runs."""
+    return (not resmoke and image_id is not None and recorded_smoke(entry, image_id) is not None
+            and sbom.made_for(sbom_file, stack.name, image_id))
+
+
 def recorded_smoke(entry: LockEntry, image_id: str) -> SmokeReport | None:
     """The passing smoke report the lock already holds for exactly this image, if any."""
     smoke = entry.outcome.smoke
@@ -228,6 +234,9 @@ def _build_stack(stack: Stack, engine: Engine, progress: Progress, project: Proj
     immutable_tag, moving = tags.immutable_tag(stack, inputs.hash), tags.moving_tag(stack)
     report_path = project.reports / f"{stack.name}.json"
     committed_reads = keyed_results.committed_path(project.reports, stack.name)
+    sbom_file = sbom.sbom_path(report_path)
+    if not _answered(entry, engine.image_id(immutable_tag), stack, sbom_file, resmoke):
+        host.start()  # containers will run: the service starts beside the build
     started_on, started = datetime.now(timezone.utc), time.monotonic()
     fetched = fetch_wheels(stack, resolution, cache, offline, progress)
     fetched_debs = fetch_debs(stack, resolution, deb_cache.DebCache(), offline, progress)
@@ -237,7 +246,6 @@ def _build_stack(stack: Stack, engine: Engine, progress: Progress, project: Proj
     durations.update(build=result.duration_s, deliver_to_docker=result.deliver_s)
     # `--load`, as buildx: the engine's own answer (None where it builds in the Docker daemon already).
     loader = engine.docker_loader() if load else None
-    sbom_file = sbom.sbom_path(report_path)
     # The SBOM asks the image itself (two short containers): asked while the smoke checks run, written
     # only once they pass.
     asking = ThreadPoolExecutor(1, thread_name_prefix="sbom-inventory")
@@ -247,7 +255,8 @@ def _build_stack(stack: Stack, engine: Engine, progress: Progress, project: Proj
     source = functools.cache(lambda: engine.layout_image(result.image_id) or candidate)
     inventory = None
     try:
-        host.ready()  # a container API that does not answer fails the run before any tag moves
+        if not _answered(entry, result.image_id, stack, sbom_file, resmoke):
+            host.ready()  # a container API that does not answer fails the run before any tag moves
         if resmoke or not sbom.made_for(sbom_file, stack.name, result.image_id):
             inventory = asking.submit(sbom.take_inventory, source(), host.client, labels=host.labels())
         for store in (engine, loader) if loader else (engine,):

@@ -270,8 +270,9 @@ def write_step_layer(layout: Layout, root: Path, upper: Path, since_ns: int, bef
     if under is not None:  # what was not read is as it was
         def outside(paths):
             return {path for path in paths if path != under and not path.startswith(under + "/")}
-        now = Snapshot(now.paths | outside(before.paths),
-                       {**{path: inode for path, inode in before.directories.items() if path in outside(before.paths)},
+        kept = outside(before.paths)
+        now = Snapshot(now.paths | kept,
+                       {**{path: inode for path, inode in before.directories.items() if path in kept},
                         **now.directories},
                        now.whiteouts | outside(before.whiteouts), now.opaque | outside(before.opaque))
     # A directory removed and made again during the step is opaque: nothing below it comes from the

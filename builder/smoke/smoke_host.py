@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -29,20 +30,38 @@ from builder.errors import UserError
 
 
 class SmokeHost:
-    """The run's container API and owner. What dead runs left is swept beside the build's own work,
-    while the service starts: `ready()` (and the first use of `client`) waits for both."""
+    """The run's container API and owner. The API starts when the run asks for it (`start`, or the
+    first `ready` or `client`): a run whose checks and SBOM are answered already (a no-op build)
+    starts no service. Once it starts, what dead runs left there is swept beside the run's own work
+    and a watchdog guards the run's containers and candidate tag; `ready()` waits for both."""
 
-    def __init__(self, api: ContainerApi, owner: Owner, sweeping: Future) -> None:
-        self._api, self.owner, self._sweeping = api, owner, sweeping
+    def __init__(self, engine: Engine, progress: Progress, exits: contextlib.ExitStack) -> None:
+        self.owner = Owner.current()
+        self._engine, self._progress, self._exits = engine, progress, exits
+        self._lock = threading.Lock()
+        self._started: tuple[ContainerApi, Future] | None = None
+
+    def start(self) -> None:
+        """The service started and the sweep begun, without waiting for either."""
+        with self._lock:
+            if self._started is None:
+                api = self._exits.enter_context(self._engine.container_api())
+                sweeper = self._exits.enter_context(ThreadPoolExecutor(1, thread_name_prefix="leftovers"))
+                sweeping = sweeper.submit(_sweep_dead_runs, api, self._progress)
+                self._exits.enter_context(watchdog(api.url, self.owner, api.service_pid, api.layout))
+                self._started = api, sweeping
 
     def ready(self) -> None:
         """Raises what stopped the service or the sweep (podman that does not start, say)."""
-        self._sweeping.result()
+        self.start()
+        assert self._started is not None
+        self._started[1].result()
 
     @property
     def client(self) -> docker.DockerClient:
         self.ready()
-        return self._api.client
+        assert self._started is not None
+        return self._started[0].client
 
     def labels(self) -> dict[str, str]:
         return {OWNER_LABEL: self.owner.label()}
@@ -56,11 +75,9 @@ def _sweep_dead_runs(api: ContainerApi, progress: Progress) -> None:
 
 @contextlib.contextmanager
 def open_host(engine: Engine, progress: Progress) -> Iterator[SmokeHost]:
-    owner = Owner.current()
-    with engine.container_api() as api, ThreadPoolExecutor(1, thread_name_prefix="leftovers") as sweeper:
-        sweeping = sweeper.submit(_sweep_dead_runs, api, progress)
-        with watchdog(api.url, owner, api.service_pid, api.layout):
-            yield SmokeHost(api, owner, sweeping)
+    """The run's host; what it started (the service, the sweep, the watchdog) is stopped on leaving."""
+    with contextlib.ExitStack() as exits:
+        yield SmokeHost(engine, progress, exits)
 
 
 @contextlib.contextmanager
