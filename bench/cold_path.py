@@ -24,8 +24,8 @@ the patch change makes a new id, so its checks run.
                 its image's canonical form is compared with the builder's (engine_path)
 
 peak_memory_staging_bytes is the peak of the memory filesystem's use over its start: where the builder
-stages an import's layers when they fit (builder/engine/staging.py), in neither peak_disk_bytes nor
-bytes_written.
+stages an import's layers when they fit (builder/engine/staging.py; a build imports nothing since the
+layout became the image's home, so 0), in neither peak_disk_bytes nor bytes_written.
 bytes_written is the I/O accounting (write_bytes) of the build's whole process tree: this process is
 its subreaper, so every descendant's writes (buildah, runc, pip, podman, conmon) are added to ours
 when it is reaped. The breakdown splits them at the engine's output lines (each step; its install's
@@ -182,7 +182,10 @@ def environment(mount: Path, scratch: Path, tmpdir: Path | None = None) -> dict[
     conf = scratch / "storage.conf"
     conf.write_text(f'[storage]\ndriver = "overlay"\ngraphroot = "{mount / "storage"}"\nrunroot = "{runroot}"\n')
     (mount / "tmp").mkdir(exist_ok=True)
-    return {**os.environ, "CONTAINERS_STORAGE_CONF": str(conf), "BUILDER_CACHE": str(mount / "cache"),
+    # Python caches the builder's bytecode as it does by default (the host running the bench may say
+    # otherwise): a user's second run does not compile the builder's modules again.
+    inherited = {key: value for key, value in os.environ.items() if key != "PYTHONDONTWRITEBYTECODE"}
+    return {**inherited, "CONTAINERS_STORAGE_CONF": str(conf), "BUILDER_CACHE": str(mount / "cache"),
             "TMPDIR": str(tmpdir or mount / "tmp"), "CI": "true"}
 
 
