@@ -17,6 +17,7 @@ from builder.base.local_base import (
     installed_packages,
     make_base,
     mmdebstrap_command,
+    mmdebstrap_environment,
     write_image_archive,
 )
 from builder.cache.deb_cache import DebCache
@@ -43,6 +44,16 @@ def test_mmdebstrap_command(tmp_path):
     # The suite and output, then the only source: the local repository of the locked .debs.
     assert argv[-3:] == ["bookworm", str(tmp_path / "rootfs.tar"),
                          f"deb [trusted=yes] copy://{tmp_path / 'repo'} bookworm main"]
+
+
+def test_mmdebstrap_runs_with_its_own_environment_not_the_callers(monkeypatch):
+    """Its maintainer scripts inherit it: a caller's PYTHONDONTWRITEBYTECODE (set or not) changed the
+    base's debpython bytecode, so none of the caller's environment reaches it."""
+    for name, value in (("PYTHONDONTWRITEBYTECODE", ""), ("LANG", "de_DE.UTF-8"), ("PYTHONHASHSEED", "7")):
+        monkeypatch.setenv(name, value)
+    assert mmdebstrap_environment(1767225600) == {
+        "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8",
+        "PYTHONDONTWRITEBYTECODE": "1", "SOURCE_DATE_EPOCH": "1767225600"}
 
 
 def test_spec_sorts_packages_and_names_the_tag():

@@ -98,6 +98,15 @@ class BaseResult:
     mmdebstrap_s: float = 0.0
 
 
+def mmdebstrap_environment(source_date_epoch: int) -> dict[str, str]:
+    """mmdebstrap's whole environment, which its maintainer scripts inherit: nothing of the caller's. A
+    Python that a script imports must not leave bytecode of its own (marshal's bytes depend on the
+    importing process; a host that sets PYTHONDONTWRITEBYTECODE gave another base than one that does
+    not): each .pyc is the one py3compile writes."""
+    return {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8",
+            "PYTHONDONTWRITEBYTECODE": "1", "SOURCE_DATE_EPOCH": str(source_date_epoch)}
+
+
 def mmdebstrap_command(spec: BaseSpec, output: Path, repository: Path, sources_list: Path) -> list[str]:
     """mmdebstrap from the local repository only, in a network namespace with no interfaces."""
     command = [
@@ -166,7 +175,7 @@ def build_rootfs(
     if os.geteuid() != 0:
         raise UserError("builder base needs root (mmdebstrap --mode=root): run it as root")
     partial = output.with_name(output.name + ".partial")
-    env = {**os.environ, "SOURCE_DATE_EPOCH": str(spec.source_date_epoch)}
+    env = mmdebstrap_environment(spec.source_date_epoch)
     tail: list[str] = []
     with tempfile.TemporaryDirectory(dir=output.parent, prefix=".repository-") as scratch:
         repository = local_repository(spec, locked, cache, Path(scratch) / "repo")
