@@ -128,7 +128,7 @@ def overlay_step(stack: str, layout: Layout, config: bytes, target: Path) -> dic
         step_env = environment_at(plan, index, data)
         build_started = tree_layer.mark(target)
         step_runner.engine_stubs(root)  # as the build does on a root whose layers had a RUN step
-        before = tree_layer.snapshot(root)
+        before = tree_layer.snapshot(upper)
         since = tree_layer.mark(target)
         ran = time.monotonic()
         step_runner.StepRunner(target / "runtime", target).run(
@@ -137,7 +137,8 @@ def overlay_step(stack: str, layout: Layout, config: bytes, target: Path) -> dic
         figures["run_s"] = round(time.monotonic() - ran, 1)
         writing = time.monotonic()
         scratch = Layout.create(target / "layout")
-        layer, _ = tree_layer.write_step_layer(scratch, root, since, before, int(epoch), drop_stubs=True,
+        # No view of the layers alone: the byte-compile removes no directory they hold.
+        layer, _ = tree_layer.write_step_layer(scratch, root, upper, since, before, int(epoch), drop_stubs=True,
                                                build_started_ns=build_started)
         figures["write_layer_s"] = round(time.monotonic() - writing, 1)
     finally:
