@@ -138,7 +138,7 @@ class _OwnRoot:
     def __init__(self, store: Layout, indexes: LayerIndexes, scratch: Path) -> None:
         self.store, self.indexes, self.scratch = store, indexes, scratch
         self._mount: contextlib.ExitStack | None = None
-        self.root = self.upper = self.lower_view = Path()
+        self.stack: overlay_mount.Stack | None = None
 
     def lowers(self, diff_ids: Sequence[str]) -> list[LayerIndex]:
         """The layers as they mount, indexed where not yet."""
@@ -149,15 +149,14 @@ class _OwnRoot:
         first (step_runner.engine_stubs)."""
         self.close()
         self._mount = contextlib.ExitStack()
-        stack = self._mount.enter_context(overlay_mount.stacked(lowers, self.scratch))
-        self.root, self.upper, self.lower_view = stack.merged, stack.upper, stack.lowers
+        self.stack = self._mount.enter_context(overlay_mount.stacked(lowers, self.scratch))
         if after_run:
-            step_runner.engine_stubs(self.root)
+            step_runner.engine_stubs(self.stack.merged)
 
     def close(self) -> None:
         if self._mount is not None:
             self._mount.close()
-            self._mount = None
+            self._mount, self.stack = None, None
 
 
 def _planned_install(step: dockerfile_plan.Step, context_dir: Path) -> tuple[Path, Path] | None:
@@ -308,18 +307,18 @@ def write_image(buildah: Sequence[str], request: BuildRequest, root: Path, progr
                     if progress and len(config.diff_ids) > len(base_layers):
                         progress(f"root on the {len(config.diff_ids)} layers so far "
                                  f"({time.monotonic() - stacking:.1f} s)")
-                    before, current = tree_layer.snapshot(own_root.upper), True
+                    before, current = tree_layer.snapshot(own_root.stack.upper), True
                 since = tree_layer.mark(workdir)
                 if step.keyword == "COPY":
-                    context_copy.copy_into(own_root.root, [request.context_dir / source for source in step.sources],
+                    context_copy.copy_into(own_root.stack.merged, [request.context_dir / source for source in step.sources],
                                            step.destination)
                 else:
-                    _run_step(runner, own_root.root, step, request.context_dir, config, args, progress)
-                layer, before = tree_layer.write_step_layer(store, own_root.root, own_root.upper, since, before,
+                    _run_step(runner, own_root.stack.merged, step, request.context_dir, config, args, progress)
+                layer, before = tree_layer.write_step_layer(store, own_root.stack.merged, own_root.stack.upper, since, before,
                                                             request.source_date_epoch,
                                                             drop_stubs=step.keyword == "RUN",
                                                             build_started_ns=build_started,
-                                                            under=_copied_to(step), lowers=own_root.lower_view)
+                                                            under=_copied_to(step), lowers=own_root.stack.lowers)
             cache.record(keys[index], step_cache.CachedLayer(layer.diff_id, layer.size))
             # Listed as written: the smoke gate's view of the image then reads no tar for it.
             layer_listing.keep(layer_listings_dir(), layer.diff_id, list(layer.listing))

@@ -41,7 +41,7 @@ class SmokeHost:
         self._lock = threading.Lock()
         self._started: tuple[ContainerApi, Future] | None = None
 
-    def start(self) -> None:
+    def start(self) -> tuple[ContainerApi, Future]:
         """The service started and the sweep begun, without waiting for either."""
         with self._lock:
             if self._started is None:
@@ -50,18 +50,18 @@ class SmokeHost:
                 sweeping = sweeper.submit(_sweep_dead_runs, api, self._progress)
                 self._exits.enter_context(watchdog(api.url, self.owner, api.service_pid, api.layout))
                 self._started = api, sweeping
+            return self._started
 
-    def ready(self) -> None:
-        """Raises what stopped the service or the sweep (podman that does not start, say)."""
-        self.start()
-        assert self._started is not None
-        self._started[1].result()
+    def ready(self) -> ContainerApi:
+        """The API once the sweep is done; raises what stopped the service or the sweep (podman that
+        does not start, say)."""
+        api, sweeping = self.start()
+        sweeping.result()
+        return api
 
     @property
     def client(self) -> docker.DockerClient:
-        self.ready()
-        assert self._started is not None
-        return self._started[0].client
+        return self.ready().client
 
     def labels(self) -> dict[str, str]:
         return {OWNER_LABEL: self.owner.label()}
