@@ -295,3 +295,34 @@ def test_the_cuda_home_nvcc_writes_the_same_object_from_two_processes(compiler_s
     assert compiled(home / "bin" / "nvcc") == compiled(home / "bin" / "nvcc")
     real = compiler_site / "nvidia" / "cu13" / "bin" / "nvcc"
     assert compiled(real) != compiled(real)  # the wheel's own nvcc: each run its own pid
+
+
+@pytest.mark.network
+def test_the_cuda_home_ptxas_runs_in_threads_and_makes_the_same_machine_code(compiler_site, tmp_path):
+    """The launcher passes ptxas its thread count: each section of the cubin is what one thread
+    makes, except the note where ptxas records its options."""
+    import subprocess
+
+    from builder.runtime import stable_nvcc
+    from builder.runtime.binaries import elf
+
+    home = cuda_home.assemble(tmp_path / "cuda", compiler_site / "nvidia" / "cu13")
+    source = tmp_path / "k.cu"
+    source.write_text(toolchain.KERNEL)
+
+    def sections(nvcc: Path, name: str) -> dict[str, bytes]:
+        cubin = tmp_path / name
+        subprocess.run([str(nvcc), "-arch=sm_120", "-cubin", str(source), "-o", str(cubin)],
+                       check=True, capture_output=True)
+        data = cubin.read_bytes()
+        with elf.ElfFile(str(cubin)) as obj:
+            return {s.name: data[s.offset:s.offset + s.size] for s in obj.sections if s.type != 8}  # NOBITS
+
+    threaded = sections(home / "bin" / "nvcc", "threaded.cubin")
+    alone = sections(compiler_site / "nvidia" / "cu13" / "bin" / "nvcc", "alone.cubin")
+    note = ".note.nv.tkinfo"
+    assert f"-split-compile {stable_nvcc.PTXAS_THREADS} ".encode() in threaded[note]
+    assert b"split-compile" not in alone[note]
+    assert {name: code for name, code in threaded.items() if name != note} == \
+        {name: code for name, code in alone.items() if name != note}
+    assert any(name.startswith(".text.") for name in alone)

@@ -44,12 +44,16 @@ DEFAULT_INPUTS = Path("/opt/builder/bake.json")
 # after the bake, so changing one does not build the modules again.
 NOT_IMPORTED = ("sglang",)
 
+# The modules are built at once, each by its own ninja: one after the other, the first (one source file)
+# kept a core idle while it compiled. The lines are printed in the order asked.
 _BUILD = textwrap.dedent("""
     import sys
+    from concurrent.futures import ThreadPoolExecutor
     from flashinfer.jit import comm
-    for generator in sys.argv[1:]:
-        spec = getattr(comm, generator)()
-        spec.build()
+    specs = [getattr(comm, generator)() for generator in sys.argv[1:]]
+    with ThreadPoolExecutor(len(specs)) as pool:
+        list(pool.map(lambda spec: spec.build(), specs))
+    for spec in specs:
         print(spec.name, spec.get_library_path())
 """)
 
