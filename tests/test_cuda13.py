@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import sys
 import types
 from pathlib import Path
@@ -16,7 +17,8 @@ import pytest
 from builder.config.compat import compat_data
 from builder.config.matrix import MatrixError, load_matrix
 from builder.render import render
-from builder.runtime import cuda_home, flashinfer_bake
+from builder.runtime import cuda_home, flashinfer_bake, stable_nvcc
+from builder.runtime.binaries import elf
 from builder.runtime.serve import bench, launch
 from builder.runtime.smoke import report, toolchain
 from builder.runtime.smoke.env import Environment
@@ -256,16 +258,21 @@ def test_an_nvcc_of_another_minor_than_the_runtime_fails(compiler_site):
     assert nvcc.detail.startswith("nvcc is release 13.0, the CUDA runtime 13.1")
 
 
-@pytest.mark.network
-def test_cuda_home_over_the_wheels_links_a_library_for_sm120(compiler_site, tmp_path):
-    import subprocess
+SHT_NOBITS = 8  # a section that takes no bytes in the file
 
-    from builder.runtime.binaries import elf
 
+def home_and_kernel(compiler_site: Path, tmp_path: Path) -> tuple[Path, Path]:
+    """A CUDA_HOME assembled over the compiler wheels, and a small kernel's source beside it."""
     home = cuda_home.assemble(tmp_path / "cuda", compiler_site / "nvidia" / "cu13")
-    assert cuda_home.assemble(tmp_path / "cuda", compiler_site / "nvidia" / "cu13") == home  # again: unchanged
     source = tmp_path / "k.cu"
     source.write_text(toolchain.KERNEL)
+    return home, source
+
+
+@pytest.mark.network
+def test_cuda_home_over_the_wheels_links_a_library_for_sm120(compiler_site, tmp_path):
+    home, source = home_and_kernel(compiler_site, tmp_path)
+    assert cuda_home.assemble(tmp_path / "cuda", compiler_site / "nvidia" / "cu13") == home  # again: unchanged
     library = tmp_path / "k.so"
     # FlashInfer's link line (flashinfer/jit/cpp_ext.py): -L lib64 -L lib64/stubs -lcudart -lcuda.
     subprocess.run([str(home / "bin" / "nvcc"), "-arch=sm_120", "-shared", "-Xcompiler", "-fPIC", str(source),
@@ -281,11 +288,7 @@ def test_cuda_home_over_the_wheels_links_a_library_for_sm120(compiler_site, tmp_
 @pytest.mark.network
 def test_the_cuda_home_nvcc_writes_the_same_object_from_two_processes(compiler_site, tmp_path):
     """The wheel's nvcc writes its pid into the object; the CUDA_HOME's launcher takes it out."""
-    import subprocess
-
-    home = cuda_home.assemble(tmp_path / "cuda", compiler_site / "nvidia" / "cu13")
-    source = tmp_path / "k.cu"
-    source.write_text(toolchain.KERNEL)
+    home, source = home_and_kernel(compiler_site, tmp_path)
 
     def compiled(nvcc: Path) -> bytes:
         subprocess.run([str(nvcc), "-arch=sm_120", "-c", str(source), "-o", str(tmp_path / "k.o")],
@@ -301,14 +304,7 @@ def test_the_cuda_home_nvcc_writes_the_same_object_from_two_processes(compiler_s
 def test_the_cuda_home_ptxas_runs_in_threads_and_makes_the_same_machine_code(compiler_site, tmp_path):
     """The launcher passes ptxas its thread count: each section of the cubin is what one thread
     makes, except the note where ptxas records its options."""
-    import subprocess
-
-    from builder.runtime import stable_nvcc
-    from builder.runtime.binaries import elf
-
-    home = cuda_home.assemble(tmp_path / "cuda", compiler_site / "nvidia" / "cu13")
-    source = tmp_path / "k.cu"
-    source.write_text(toolchain.KERNEL)
+    home, source = home_and_kernel(compiler_site, tmp_path)
 
     def sections(nvcc: Path, name: str) -> dict[str, bytes]:
         cubin = tmp_path / name
@@ -316,7 +312,7 @@ def test_the_cuda_home_ptxas_runs_in_threads_and_makes_the_same_machine_code(com
                        check=True, capture_output=True)
         data = cubin.read_bytes()
         with elf.ElfFile(str(cubin)) as obj:
-            return {s.name: data[s.offset:s.offset + s.size] for s in obj.sections if s.type != 8}  # NOBITS
+            return {s.name: data[s.offset:s.offset + s.size] for s in obj.sections if s.type != SHT_NOBITS}
 
     threaded = sections(home / "bin" / "nvcc", "threaded.cubin")
     alone = sections(compiler_site / "nvidia" / "cu13" / "bin" / "nvcc", "alone.cubin")
