@@ -42,8 +42,11 @@ def link_project_files(directory: Path) -> None:
             (directory / name).symlink_to(REPO / name)
 
 
+def builder_command(*args: str) -> list[str]:
+    """The `builder` command line as `python -m builder.cli`: run from a clone, it runs that clone's code."""
+    return [sys.executable, "-m", "builder.cli", *args]
+
+
 def run_builder(*args: str, env: dict | None = None, cwd: Path = REPO,
                 timeout: int = 3600) -> subprocess.CompletedProcess:
-    """The `builder` command line, as `python -m builder.cli` run from `cwd` (a clone runs its own code)."""
-    return subprocess.run([sys.executable, "-m", "builder.cli", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout, env=env)
+    return subprocess.run(builder_command(*args), cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)

@@ -1,5 +1,7 @@
 """Fixtures shared by several test modules: lock records, and the real CUDA 13 stack (the README's
-default row) built once per session on the local base (the end-to-end modules all test that one image)."""
+default row) built once per session on the local base (the end-to-end modules all test that one image).
+That build starts with the session, in the background, and the modules that use it run last
+(tests/background_build.py says why)."""
 
 from __future__ import annotations
 
@@ -24,8 +26,9 @@ from builder.engine.buildah import BuildahEngine
 from builder.lock import records
 from builder.lock.model import ImageRecord, LockedBase
 from builder.lock.resolution import lock_stacks
+from background_build import BackgroundBuild
 from engine_helpers import BASE_EPOCH, TEST_BASE_TAG
-from checkouts import BUILT_ROW, BUILT_STACK, REPO, run_builder
+from checkouts import BUILT_ROW, BUILT_STACK, REPO, builder_command, run_builder
 from lock_values import (base_digest_of, locked_base_packages, locked_base_sources, locked_base_spec, resolution_of,
                          smoke_report, system_packages_of)
 from registries import registry_image
@@ -57,22 +60,50 @@ def builder_env(lock_copy):
     return {**os.environ, "BUILDER_LOCK": str(lock_copy), "CI": "true"}
 
 
-@pytest.fixture(scope="session")
-def local_base(builder_env):
+# The README's main job in this checkout. With --resmoke: the committed lock holds a pass for this image
+# id, and CI must see the gate run, not its record. With --load: the tests that follow run the image in
+# the Docker daemon, as a GPU host does.
+BUILT_ARGS = ["build", "--local-base", "--stack", BUILT_ROW, "--resmoke", "--load"]
+USES_BUILT = pytest.StashKey[bool]()
+
+
+def pytest_collection_modifyitems(config, items):
+    """The modules that use `built` run after all others, each in its own order, so that its background
+    build has the rest of the suite beside it."""
+    modules = {item.path for item in items if "built" in getattr(item, "fixturenames", ())}
+    items.sort(key=lambda item: item.path in modules)  # stable: every other order stays
+    config.stash[USES_BUILT] = bool(modules)
+
+
+def make_local_base(env: dict) -> str:
     """The mmdebstrap base the stack builds FROM, made by `builder base` when missing."""
     image = load_matrix(REPO / "matrix.toml").stack(BUILT_STACK).base.image
     if not get_engine("buildah").exists(image):
-        result = run_builder("base", env=builder_env)
+        result = run_builder("base", env=env)
         assert result.returncode == 0, result.stderr
     return image
 
 
+@pytest.fixture(scope="session", autouse=True)
+def background_build(request, builder_env):
+    """Where a selected test uses `built`: the base, then the build, started with the session."""
+    if not request.config.stash.get(USES_BUILT, False):
+        yield None
+        return
+    build = BackgroundBuild(lambda: make_local_base(builder_env), builder_command(*BUILT_ARGS), builder_env, REPO)
+    yield build
+    build.stop()
+
+
 @pytest.fixture(scope="session")
-def built(local_base, builder_env):
-    """The README's main job in this checkout: (the command's result, its build report). With --resmoke:
-    the committed lock holds a pass for this image id, and CI must see the gate run, not its record.
-    With --load: the tests that follow run the image in the Docker daemon, as a GPU host does."""
-    result = run_builder("build", "--local-base", "--stack", BUILT_ROW, "--resmoke", "--load", env=builder_env)
+def local_base(background_build, builder_env):
+    return background_build.base.result() if background_build else make_local_base(builder_env)
+
+
+@pytest.fixture(scope="session")
+def built(local_base, background_build):
+    """(the README's main job's result, its build report), from the build the session started."""
+    result = background_build.build.result()
     assert result.returncode == 0, result.stderr[-4000:]
     report = json.loads((REPO / "build-reports" / f"{BUILT_STACK}.json").read_text())
     return result, report
