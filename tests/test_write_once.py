@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import tarfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from builder.engine import write_once
 from builder.engine.buildah import BuildahEngine
 from builder.engine.protocol import BuildRequest
 from builder.errors import BuildFailure, UserError
+from builder.files import TEMP_SUFFIX
 from builder.oci import dockerfile_plan, layer_listing, tree_layer
 from builder.oci.layer_diff import discard_storage
 from builder.oci.layout import Layout
@@ -439,3 +441,38 @@ def test_the_wheel_groups_are_the_steps_written_from_their_plans():
     outside = dataclasses.replace(install, argv=(*install.argv[:5], "/opt/x.json", install.argv[6]))
     assert write_once._planned_install(escaping, context) is None
     assert write_once._planned_install(outside, context) is None
+
+
+@pytest.mark.engine  # the sweep asks the OCI runtime for the dead builds' step containers
+def test_a_build_beside_a_running_one_leaves_its_temporaries_and_the_next_build_alone_sweeps_them(tmp_path):
+    root = tmp_path / "write-once"
+    half_written = Layout.create(root / "layout").blobs / f".half-written{TEMP_SUFFIX}"
+    with write_once.in_use(root):  # a running build (or import, or push) holds the store
+        half_written.write_bytes(b"a blob on its way")
+        with write_once.in_use(root, sweep=True) as swept:  # a second build starts at once, beside it
+            assert swept == []
+        assert half_written.exists()
+    with write_once.in_use(root, sweep=True) as swept:  # alone now: what the first left is a leftover
+        assert half_written.name in swept
+    assert not half_written.exists()
+
+
+@pytest.mark.engine
+def test_two_builds_over_one_store_at_once_each_give_the_image_they_give_alone(base_image, tmp_path, monkeypatch):
+    """Two builds (of contexts that differ in a file read late) started together over one store: both
+    land, each with the id its build alone gives, and no scratch is left."""
+    engine = BuildahEngine(export_to_docker=False)
+    tags = ("localhost/write-once-side:1", "localhost/write-once-side:2")
+    requests = [_tiny_request(tmp_path / name, tag) for name, tag in zip(("one", "two"), tags)]
+    (tmp_path / "two" / "ctx" / "late.txt").write_text("the second context\n")
+    try:
+        monkeypatch.setenv("BUILDER_CACHE", str(tmp_path / "alone"))
+        alone = [engine.write(request).image_id for request in requests]
+        monkeypatch.setenv("BUILDER_CACHE", str(tmp_path / "shared"))
+        with ThreadPoolExecutor(2) as together:
+            side_by_side = [done.image_id for done in together.map(engine.write, requests)]
+    finally:
+        for tag in tags:
+            engine.remove(tag)
+    assert side_by_side == alone and alone[0] != alone[1]
+    assert list((tmp_path / "shared" / "write-once" / "tmp").iterdir()) == []

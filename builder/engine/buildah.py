@@ -204,12 +204,11 @@ class BuildahEngine:
         self.check()
         check_request_inputs(request)
         _check_writable(request)
-        self._bases_into_storage(request)  # before the build lock, which an import takes too
+        self._bases_into_storage(request)  # an import holds the store as the build does (write_once.in_use)
         previous = self._previous_tags(request.tags)
         root = self._write_once_root()
         try:
-            with write_once.exclusive(root):
-                swept = write_once.sweep_leftovers(Layout.create(root / "layout"), root)
+            with write_once.in_use(root, sweep=True) as swept:
                 if swept and request.progress:
                     request.progress(f"removed what a killed build left: {', '.join(swept)}")
                 written = write_once.build_into_layout(self._global_args(), request, root)
@@ -261,8 +260,8 @@ class BuildahEngine:
             return
         config, layers = written.image(image_id)
         root = self._write_once_root()
-        # Under the build lock: a build sweeps the scratch directory, where the import's view lies.
-        with write_once.exclusive(root):
+        # Holding the store: a build that finds itself alone sweeps the scratch, where the import's view lies.
+        with write_once.in_use(root):
             write_once.import_image(self._global_args(), written.layout, config, layers, write_once.scratch_dir(root),
                                     name)
 
@@ -588,8 +587,8 @@ class BuildahEngine:
         """From the write-once layout when it holds the image (engine/layout_push.py), else from the storage."""
         root, layout = self._write_once_root(), Layout(self._layout_root())
         if layout.root.is_dir():
-            # Under the build lock: a build sweeps the scratch directory, where the push's view lies.
-            with write_once.exclusive(root):
+            # Holding the store: a build that finds itself alone sweeps the scratch, where the push's view lies.
+            with write_once.in_use(root):
                 held = layout_push.held_image(layout, image_id)
                 if held is not None:
                     return layout_push.push(layout, write_once.scratch_dir(root), held, destination, tls_verify,

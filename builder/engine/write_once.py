@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import fcntl
 import gzip
 import json
 import os
@@ -92,12 +93,25 @@ def _base_blobs(buildah: Sequence[str], ref: str, diff_ids: Sequence[str], layou
 
 
 @contextlib.contextmanager
-def exclusive(root: Path) -> Iterator[None]:
-    """One write-once build at a time over one store (a lock file held for the block, freed by the
-    kernel when its holder dies), so the leftovers of an earlier build can be told from live work."""
+def in_use(root: Path, sweep: bool = False) -> Iterator[list[str]]:
+    """The store held for the block, shared: builds, imports and pushes over one store run side by side
+    (a lock file, freed by the kernel when its holder dies). With `sweep`, what killed builds left goes
+    first, but only where no one else holds the store: a live build's temporaries cannot be told from a
+    dead one's, so beside a running build they wait for the next build that finds itself alone. Yields
+    what was swept."""
     root.mkdir(parents=True, exist_ok=True)
-    with locked(root / "lock"):
-        yield
+    swept = _sweep_if_alone(root) if sweep else []
+    # Between the two locks another holder may come in: it finds nothing of this build yet.
+    with locked(root / "lock", fcntl.LOCK_SH):
+        yield swept
+
+
+def _sweep_if_alone(root: Path) -> list[str]:
+    try:
+        with locked(root / "lock", fcntl.LOCK_EX | fcntl.LOCK_NB):
+            return sweep_leftovers(Layout.create(root / "layout"), root)
+    except BlockingIOError:
+        return []  # another build, import or push holds the store
 
 
 def sweep_leftovers(store: Layout, root: Path) -> list[str]:
