@@ -110,8 +110,13 @@ def remove_scratch(directory: Path) -> None:
     it (a killed run's overlays, a stack's layers): rmtree cannot remove a mount point. umount2(2)
     with MNT_DETACH, as `umount --lazy`, without a process per mount."""
     for point in mounts_below(directory):
-        _libc.umount2(os.fsencode(point), _MNT_DETACH)
+        detach(point)
     shutil.rmtree(directory, ignore_errors=True)
+
+
+def detach(point: Path) -> bool:
+    """umount2(2) with MNT_DETACH: the mount leaves the table at once, and goes when no one uses it."""
+    return _libc.umount2(os.fsencode(point), _MNT_DETACH) == 0
 
 
 @contextlib.contextmanager

@@ -406,6 +406,21 @@ def test_a_stack_is_unmounted_and_removed_when_its_block_raises(layout, indexes,
     assert [path.name for path in scratch.iterdir()] == [".lock"]
 
 
+def test_a_root_still_held_after_the_tries_is_detached_and_the_block_ends_cleanly(layout, indexes, tmp_path,
+                                                                                monkeypatch):
+    """A container's last process, slow to die, keeps its root busy past the unmount's tries: the root
+    is detached, not left mounted, and the block ends without an error."""
+    monkeypatch.setattr(overlay_mount, "_UNMOUNT_TRIES", 1)
+    lower = indexes.index(layout, add_layer(layout, member("file", data=b"f")))
+    scratch = tmp_path / "scratch"
+    with contextlib.ExitStack() as holder:
+        with stacked([lower], scratch) as stack:
+            held = holder.enter_context((stack.merged / "file").open("rb"))  # open until after the block
+        assert mounts_below(scratch) == []
+        assert held.read() == b"f"  # the detached root still serves who holds it
+    assert [path.name for path in scratch.iterdir()] == [".lock"]
+
+
 def test_thirty_layers_with_long_paths_mount(tmp_path):
     # Each index's path is over 600 characters: named in full, thirty would not fit a page of options.
     layout = Layout.create(tmp_path / ("l" * 200) / ("a" * 200) / ("y" * 200))

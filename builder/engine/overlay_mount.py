@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import IO
 
 from builder.errors import BuildFailure, one_line
-from builder.files import locked, remove_scratch
+from builder.files import detach, locked, remove_scratch
 from builder.oci.layer_index import LayerIndex
 
 _PREFIX = "overlay-"
@@ -173,16 +173,20 @@ def _mount_layer(lower: LayerIndex, target: Path) -> None:
 
 
 def _unmount(merged: Path) -> None:
-    # A container's last process can hold the root a moment after the engine reports it removed ("target
-    # is busy", seen once in eight checks run at once): a few tries before giving up.
+    # A container's last processes can hold the root a while after the engine reports it removed ("target
+    # is busy": seen once in eight checks run at once, and for longer than the tries below when the
+    # checks ran at low priority beside a busy foreground). They are being killed, so after a few tries
+    # the root is detached (umount2 MNT_DETACH): it leaves the mount table now, and the kernel frees it
+    # when the last of them lets go.
     for _ in range(_UNMOUNT_TRIES):
         unmounted = subprocess.run(["umount", str(merged)], stdin=subprocess.DEVNULL, capture_output=True,
                                    text=True, check=False)
         if unmounted.returncode == 0:
             return
         time.sleep(0.5)
-    said = one_line((unmounted.stderr.strip().splitlines() or ["no reason"])[0])
-    raise BuildFailure(f"overlay: could not unmount {merged} ({said}); the next sweep removes it")
+    if not detach(merged):
+        said = one_line((unmounted.stderr.strip().splitlines() or ["no reason"])[0])
+        raise BuildFailure(f"overlay: could not unmount {merged} ({said}); the next sweep removes it")
 
 
 @contextlib.contextmanager
