@@ -67,6 +67,7 @@ BUILT_ARGS = ["build", "--local-base", "--stack", BUILT_ROW, "--resmoke", "--loa
 USES_BUILT = pytest.StashKey[bool]()
 
 
+@pytest.hookimpl(trylast=True)  # after -m and -k have deselected: only a test that runs starts the build
 def pytest_collection_modifyitems(config, items):
     """The modules that use `built` run after all others, each in its own order, so that its background
     build has the rest of the suite beside it."""
