@@ -102,7 +102,7 @@ def local_base(background_build, builder_env):
 
 
 @pytest.fixture(scope="session")
-def built(local_base, background_build):
+def built(background_build):  # its build waits for the base itself
     """(the README's main job's result, its build report), from the build the session started."""
     result = background_build.build.result()
     assert result.returncode == 0, result.stderr[-4000:]
