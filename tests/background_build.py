@@ -1,10 +1,11 @@
-"""The real stack's build (conftest's `built`) started when the session starts, at low CPU priority.
+"""The real stack's build (conftest's `built`), started by the first test of its lane, at low CPU priority.
 
-On 2 cores the rest of the suite keeps about one core busy (a cold run on 2026-12-07: 1,306 core-seconds
+On 2 cores the suite's tests keep about one core busy each (a cold run on 2026-12-07: 1,306 core-seconds
 in 1,361 s of tests outside the modules that use `built`), so the build, which keeps both busy, runs on
-what those tests leave instead of ahead of them. Niceness 10 gives the foreground tests the CPU
-whenever they want it, so their own timings hardly move. The modules that use `built` run last
-(conftest's pytest_collection_modifyitems): by then the build is usually done.
+what the tests leave instead of ahead of them. Niceness 10 gives the tests the CPU whenever they want
+it, so their own timings hardly move. `scripts/test` runs two lanes (conftest's `lane_of`): the engines'
+modules in one worker; the others, with this build beside them and the modules that use `built` last,
+in the other.
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
 """Fixtures shared by several test modules: lock records, and the real CUDA 13 stack (the README's
 default row) built once per session on the local base (the end-to-end modules all test that one image).
-That build starts with the session, in the background, and the modules that use it run last
-(tests/background_build.py says why)."""
+That build starts with its lane's first test, in the background, and the modules that use it run last
+in that lane (tests/background_build.py says why); `scripts/test` runs the two lanes side by side."""
 
 from __future__ import annotations
 
+import fcntl
 import io
 import json
 import os
@@ -65,46 +66,115 @@ def builder_env(lock_copy):
 # the Docker daemon, as a GPU host does.
 BUILT_ARGS = ["build", "--local-base", "--stack", BUILT_ROW, "--resmoke", "--load"]
 USES_BUILT = pytest.StashKey[bool]()
+# The two lanes `scripts/test` runs side by side (pytest-xdist, --dist loadgroup, one worker each): the
+# modules that use the host's engines, and all others with the real stack's build beside them and its
+# modules last. Each lane is one work unit, so a worker runs its lane in order, alone.
+ENGINE_LANE, BUILD_LANE = "engines", "build"
+_ENGINE_FIXTURES = {"client", "image", "base_image", "trixie_buildah", "local_base", "docker_services"}
 
 
-@pytest.hookimpl(trylast=True)  # after -m and -k have deselected: only a test that runs starts the build
+def lane_of(module_items) -> str:
+    """The build's lane for a module whose tests use `built` (or use neither the engines nor their
+    fixtures); the engines' lane for every other: those share the daemon's and buildah's names."""
+    fixtures = {name for item in module_items for name in getattr(item, "fixturenames", ())}
+    if "built" in fixtures:
+        return BUILD_LANE
+    engine = any(item.get_closest_marker("engine") for item in module_items)
+    return ENGINE_LANE if engine or fixtures & _ENGINE_FIXTURES else BUILD_LANE
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(config, items):
-    """The modules that use `built` run after all others, each in its own order, so that its background
-    build has the rest of the suite beside it."""
-    modules = {item.path for item in items if "built" in getattr(item, "fixturenames", ())}
-    items.sort(key=lambda item: item.path in modules)  # stable: every other order stays
-    config.stash[USES_BUILT] = bool(modules)
+    """Each module's tests go to its lane as an xdist group (a no-op without xdist)."""
+    by_module: dict = {}
+    for item in items:
+        by_module.setdefault(item.path, []).append(item)
+    for module_items in by_module.values():
+        lane = lane_of(module_items)
+        for item in module_items:
+            item.add_marker(pytest.mark.xdist_group(lane))
+
+
+class _BuiltModulesLast:
+    @pytest.hookimpl(trylast=True)  # after -m and -k have deselected: only a test that runs starts the build
+    def pytest_collection_modifyitems(self, config, items):
+        """The modules that use `built` run after all others of their lane, each in its own order, so
+        that the build has the rest of the lane beside it."""
+        modules = {item.path for item in items if "built" in getattr(item, "fixturenames", ())}
+        items.sort(key=lambda item: item.path in modules)  # stable: every other order stays
+        config.stash[USES_BUILT] = bool(modules)
+
+
+def pytest_configure(config):
+    config.pluginmanager.register(_BuiltModulesLast(), "built-modules-last")
 
 
 def make_local_base(env: dict) -> str:
-    """The mmdebstrap base the stack builds FROM, made by `builder base` when missing."""
+    """The mmdebstrap base the stack builds FROM, made by `builder base` when missing. Both lanes may
+    ask at once: a lock file makes the second wait for the first's base instead of making its own."""
     image = load_matrix(REPO / "matrix.toml").stack(BUILT_STACK).base.image
-    if not get_engine("buildah").exists(image):
-        result = run_builder("base", env=env)
-        assert result.returncode == 0, result.stderr
+    lock = REPO / "build" / "test-base.lock"
+    lock.parent.mkdir(exist_ok=True)
+    with open(lock, "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        if not get_engine("buildah").exists(image):
+            result = run_builder("base", env=env)
+            assert result.returncode == 0, result.stderr
     return image
 
 
-@pytest.fixture(scope="session", autouse=True)
-def background_build(request, builder_env):
-    """Where a selected test uses `built`: the base, then the build, started with the session."""
+class BuildLane:
+    """The real stack's build for this session: started once, by the first test of the build's lane
+    (without xdist, the first test), so that it runs beside that lane's other tests."""
+
+    def __init__(self, env: dict):
+        self._env = env
+        self._build: BackgroundBuild | None = None
+
+    def start(self) -> BackgroundBuild:
+        if self._build is None:
+            self._build = BackgroundBuild(lambda: make_local_base(self._env), builder_command(*BUILT_ARGS),
+                                          self._env, REPO)
+        return self._build
+
+    def base(self) -> str:
+        return self._build.base.result() if self._build else make_local_base(self._env)
+
+    def stop(self) -> None:
+        if self._build is not None:
+            self._build.stop()
+
+
+@pytest.fixture(scope="session")
+def build_lane(builder_env):
+    lane = BuildLane(builder_env)
+    yield lane
+    lane.stop()
+
+
+@pytest.fixture(autouse=True)
+def start_the_build_with_its_lane(request):
+    """Where a selected test uses `built`, the first test of the build's lane starts the build."""
     if not request.config.stash.get(USES_BUILT, False):
-        yield None
         return
-    build = BackgroundBuild(lambda: make_local_base(builder_env), builder_command(*BUILT_ARGS), builder_env, REPO)
-    yield build
-    build.stop()
+    in_lane = request.node.get_closest_marker("xdist_group").args[0] == BUILD_LANE
+    if in_lane or not _under_xdist(request.config):
+        request.getfixturevalue("build_lane").start()
+
+
+def _under_xdist(config) -> bool:
+    return getattr(config, "workerinput", None) is not None
 
 
 @pytest.fixture(scope="session")
-def local_base(background_build, builder_env):
-    return background_build.base.result() if background_build else make_local_base(builder_env)
+def local_base(build_lane):
+    return build_lane.base()
 
 
 @pytest.fixture(scope="session")
-def built(background_build):  # its build waits for the base itself
+def built(build_lane):  # its build waits for the base itself
     """(the README's main job's result, its build report), from the build the session started."""
-    result = background_build.build.result()
+    result = build_lane.start().build.result()
     assert result.returncode == 0, result.stderr[-4000:]
     report = json.loads((REPO / "build-reports" / f"{BUILT_STACK}.json").read_text())
     return result, report
