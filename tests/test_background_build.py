@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import time
 
@@ -52,3 +53,23 @@ def test_stop_ends_a_build_nobody_waited_for(tmp_path):
     assert started.exists()
     build.stop()
     assert build.build.result(timeout=1).returncode == -15  # SIGTERM, not the sleep's end
+
+
+def test_scripts_test_keeps_each_lane_on_one_worker():
+    """Under `-n 2 --dist loadgroup` (scripts/test) a module's tests all run on one worker, and a module
+    of the engines' lane on the other worker from one of the build's lane. With pytest 9.2 the groups
+    fell apart: xdist names a group by a node id that pytest no longer reads."""
+    modules = {"tests/test_render.py": "build", "tests/test_base_digest.py": "engines"}
+    result = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "2", "--dist",
+                             "loadgroup", "-v", *modules], cwd=REPO, capture_output=True, text=True, timeout=300,
+                            env={k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"})
+    assert result.returncode == 0, result.stdout[-3000:]
+    workers: dict[str, set[str]] = {}
+    for line in result.stdout.splitlines():
+        if line.startswith("[gw") and " PASSED " in line:
+            nodeid = line.split(" PASSED ", 1)[1].strip()
+            module, _, rest = nodeid.partition("::")
+            assert rest.endswith("@" + modules[module]), line
+            workers.setdefault(module, set()).add(line.split("]", 1)[0])
+    assert set(workers) == set(modules) and all(len(names) == 1 for names in workers.values()), workers
+    assert workers["tests/test_render.py"] != workers["tests/test_base_digest.py"]
