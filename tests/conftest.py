@@ -5,7 +5,6 @@ in that lane (tests/background_build.py says why); `scripts/test` runs the two l
 
 from __future__ import annotations
 
-import fcntl
 import io
 import json
 import os
@@ -24,6 +23,7 @@ from builder.cache.deb_cache import DebCache
 from builder.config.matrix import load_matrix
 from builder.engine import get_engine
 from builder.engine.buildah import BuildahEngine
+from builder.files import locked
 from builder.lock import records
 from builder.lock.model import ImageRecord, LockedBase
 from builder.lock.resolution import lock_stacks
@@ -113,10 +113,8 @@ def make_local_base(env: dict) -> str:
     """The mmdebstrap base the stack builds FROM, made by `builder base` when missing. Both lanes may
     ask at once: a lock file makes the second wait for the first's base instead of making its own."""
     image = load_matrix(REPO / "matrix.toml").stack(BUILT_STACK).base.image
-    lock = REPO / "build" / "test-base.lock"
-    lock.parent.mkdir(exist_ok=True)
-    with open(lock, "w") as held:
-        fcntl.flock(held, fcntl.LOCK_EX)
+    (REPO / "build").mkdir(exist_ok=True)  # gitignored: a fresh clone has none
+    with locked(REPO / "build" / "test-base.lock"):
         if not get_engine("buildah").exists(image):
             result = run_builder("base", env=env)
             assert result.returncode == 0, result.stderr
