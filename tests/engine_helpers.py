@@ -32,3 +32,9 @@ def tar_bytes(entries: dict[str, bytes], mtime: int = EPOCH) -> bytes:
             info.mtime = mtime
             archive.addfile(info, io.BytesIO(entries[name]))
     return buffer.getvalue()
+
+
+def engine_image(engine, request):
+    """The engine's own build of `request` (`buildah build`) in canonical form, computed, not stored:
+    the image the builder's own build of the same Dockerfile must be, id for id."""
+    return engine.canonical_preview(engine.build_native(request), request)

@@ -10,8 +10,7 @@ import tarfile
 
 import pytest
 
-from builder.engine import canonical_export
-from builder.engine.canonical_export import CanonicalIndex
+from builder.engine import canonical_preview
 from builder.errors import BuildFailure
 from builder.oci import canonical
 
@@ -139,18 +138,6 @@ def test_the_config_is_the_same_for_both_versions_and_keeps_the_base_history():
     assert old == json.dumps(config, sort_keys=True, separators=(",", ":")).encode()
 
 
-def test_a_prefix_config_holds_the_first_layers_and_the_history_that_made_them():
-    whole = canonical.canonical_config(native_config(False, "fc" * 32), ["sha256:b", "sha256:c1", "sha256:c2"], 1)
-    two = json.loads(canonical.prefix_config(whole, 2))
-    assert two["rootfs"]["diff_ids"] == ["sha256:b", "sha256:c1"]
-    # The base's entry, the empty ARG step and the venv: cut after the entry that made the second layer.
-    assert [h["created_by"] for h in two["history"]] == ["mmdebstrap", "/bin/sh -c #(nop) ARG A",
-                                                          "/bin/sh -c python3 -m venv /opt/venv"]
-    assert {k: v for k, v in two.items() if k not in ("rootfs", "history")} == \
-        {k: v for k, v in json.loads(whole).items() if k not in ("rootfs", "history")}
-    assert canonical.prefix_config(whole, 3) == whole
-
-
 def test_a_run_steps_mount_digest_is_left_out_as_1_28_writes_it():
     """1.39 appends the digest of a bind mount's source to the RUN step; the inputs hash covers that source."""
     step = "|1 SOURCE_DATE_EPOCH=1767225600 /bin/sh -c --mount=type=bind,source=wheels,target=/run/wheels,ro pip i"
@@ -168,22 +155,36 @@ def test_different_steps_still_give_different_configs():
         canonical.canonical_config(native_config(False, "fc" * 32), ["sha256:b"], 1)
 
 
-def test_the_index_remembers_layers_by_native_layer_and_stub_rule(tmp_path):
-    index = CanonicalIndex(tmp_path)
-    assert index.layer("sha256:n", True) is None and index.image("sha256:i") is None
-    index.record_layer("sha256:n", True, "sha256:c", 10)
-    index.record_image("sha256:i", "sha256:k")
-    assert index.layer("sha256:n", True) == ("sha256:c", 10)
-    assert index.layer("sha256:n", False) is None  # the other rule makes another layer
-    assert index.image("sha256:i") == "sha256:k"
+class _Pipe(io.RawIOBase):
+    """A stream that can only be read forward, as buildah's archive in a pipe."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = io.BytesIO(data)
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        chunk = self.data.read(len(buffer))
+        buffer[:len(chunk)] = chunk
+        return len(chunk)
 
 
-@pytest.mark.parametrize("name, listed", [
-    ("sglang-candidate:0.5.9-cu128-local-0123456789ab.host.42", "localhost/sglang-candidate:0.5.9-cu128-local-0123456789ab.host.42"),
-    ("localhost/sglang:x", "localhost/sglang:x"),
-    ("registry.example:5000/team/sglang:x", "registry.example:5000/team/sglang:x"),
-    ("team/sglang:x", "localhost/team/sglang:x"),
+def test_the_preview_reads_a_layer_once_and_spools_only_one_used_both_ways(tmp_path):
+    data = engine_tar(type_bits=True, stub_mode=0o755)
+    diff_id = "sha256:" + hashlib.sha256(data).hexdigest()
+    kept, dropped = rewrite(data, drop_stubs=False)[0].diff_id, rewrite(data)[0].diff_id
+    assert kept != dropped
+    assert canonical_preview._rewritten(_Pipe(data), diff_id, [True], tmp_path) == {(diff_id, True): dropped}
+    assert canonical_preview._rewritten(_Pipe(data), diff_id, [False, True], tmp_path) == {
+        (diff_id, False): kept, (diff_id, True): dropped}
+    assert list(tmp_path.iterdir()) == []  # the spool went
+
+
+@pytest.mark.parametrize(("name", "layer"), [
+    (f"{'ab' * 32}.tar", "ab" * 32), (f"{'ab' * 32}/layer.tar", "ab" * 32),
+    (f"{'ab' * 32}.json", None), ("manifest.json", None), (f"{'AB' * 32}.tar", None), (f"../{'ab' * 32}.tar", None),
 ])
-def test_a_tag_is_compared_as_buildah_lists_it(name, listed):
-    """The export keeps the tag it was asked for: buildah lists an unqualified one under localhost/."""
-    assert canonical_export._qualified(name) == listed
+def test_the_preview_knows_a_layer_in_buildahs_archive_by_its_name(name, layer):
+    found = canonical_preview._LAYER_MEMBER.match(name)
+    assert (found.group(1) if found else None) == layer

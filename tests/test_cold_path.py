@@ -27,10 +27,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.engine, pytest.mark.network,
 STACK = "sglang-0.5.9-cu128-local"
 # What build.yml leaves free on an ubuntu-24.04 hosted runner after removing the toolchains it never
 # uses: an estimate (about 14 GB guaranteed before, plus the removed trees), not measured here; build.yml's
-# last step prints the job's real peak. The filesystem holds the engine's image, its canonical form and
-# the wheel cache (about 28.5 GB), plus the canonical export's one layer in flight (the torch layer's
-# 7.1 GB, up to three times while it is imported). It passed at 40 GiB on 2026-12-01 (19 min 08 s); when
-# the export imported the whole image at once, it ran out of space (docs/engines.md, "Cost").
+# last step prints the job's real peak. It passed at 40 GiB on 2026-12-01 (19 min 08 s), when the filesystem
+# held the engine's image, its canonical form and the wheel cache (about 28.5 GB) plus the canonical
+# export's layer in flight; the build now writes the image once (docs/write-once.md), so that is an upper bound.
 RUNNER_FREE_GIB = float(os.environ.get("BUILDER_RUNNER_FREE_GIB", "40"))
 
 

@@ -1,8 +1,7 @@
-"""Delivery into the Docker daemon moves only the layers it lacks (real buildah, real daemon)."""
+"""Delivery into the Docker daemon: which layers it lacks, a partial copy refused and made whole, an image
+only buildah's storage holds (real buildah, real daemon). The written image's delivery: test_delivery_write.py."""
 
 import hashlib
-import subprocess
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -13,6 +12,7 @@ from builder.engine.buildah import BuildahEngine
 from builder.engine.daemon import DockerDaemon
 from builder.engine.protocol import BuildRequest
 from builder.errors import BuildFailure
+from builder.oci.layer_diff import discard_storage
 
 BIG = 4_000_000  # bytes of the shared layer: what a full copy would move again
 
@@ -50,26 +50,6 @@ def build(engine: BuildahEngine, context: Path, tag: str, note: str):
 
 
 @pytest.mark.engine
-def test_a_changed_top_layer_moves_only_that_layer(base_image, tmp_path):
-    context = write_context(tmp_path / "ctx", DOCKERFILE)
-    engine, daemon = BuildahEngine(), DockerDaemon()
-    first_tag, second_tag = "localhost/delivery-test:one", "localhost/delivery-test:two"
-    try:
-        first = build(engine, context, first_tag, "one\n")
-        second = build(engine, context, second_tag, "two\n")
-
-        assert first.delivered_bytes > BIG  # the daemon had no image with the big layer: it all moved
-        assert 0 < second.delivered_bytes < 100_000  # only the note's layer
-        assert daemon.image_id(second_tag) == second.image_id  # the config travelled byte for byte
-        shown = subprocess.run(["docker", "run", "--rm", second_tag, "sh", "-c", "cat /note.txt; wc -c < /big"],
-                               capture_output=True, text=True, check=True).stdout.split()
-        assert shown == ["two", str(BIG)]
-    finally:
-        for tag in (first_tag, second_tag):
-            engine.remove(tag)
-
-
-@pytest.mark.engine
 def test_a_layer_the_daemon_lacks_makes_the_partial_copy_fail_and_the_build_copy_it_all(base_image, tmp_path,
                                                                                           monkeypatch):
     """Claiming the daemon holds a layer it does not: docker load refuses the archive (nothing is
@@ -81,9 +61,9 @@ def test_a_layer_the_daemon_lacks_makes_the_partial_copy_fail_and_the_build_copy
         built = build(engine, context, tag, "lied\n")
         info = engine.inspect(tag)
         diff_ids = [layer.diff_id for layer in info.layers]
+        blobs = engine._layout_root() / "blobs" / "sha256"
         with pytest.raises(BuildFailure, match="docker load failed"):
-            delivery.deliver_new_layers(["buildah"], built.image_id, diff_ids, {diff_ids[1]}, tag,
-                                        daemon.load_stream, Path(tempfile.gettempdir()))
+            delivery.deliver_from_layout(blobs, info.config_bytes, diff_ids, {diff_ids[1]}, tag, daemon.load_stream)
         assert daemon.image_id(tag) is None
 
         monkeypatch.setattr(delivery, "layers_to_skip", lambda ids, held: {diff_ids[1]})
@@ -92,3 +72,23 @@ def test_a_layer_the_daemon_lacks_makes_the_partial_copy_fail_and_the_build_copy
         assert moved == sum(layer.size for layer in info.layers)  # the full copy's count
     finally:
         BuildahEngine().remove(tag)
+
+
+@pytest.mark.engine
+def test_an_image_only_the_storage_holds_goes_whole_through_buildah(base_image, tmp_path):
+    """The engine's own image (its RUN layer is not the builder's bytes, so the daemon lacks it) is not in
+    the write-once layout: it goes whole, through `buildah push`."""
+    context = write_context(tmp_path / "ctx", DOCKERFILE, {"note.txt": "stored\n"})
+    engine, daemon = BuildahEngine(storage_dir=tmp_path / "storage", export_to_docker=False), DockerDaemon()
+    tag = "localhost/delivery-test:stored-only"
+    engine.load(base_image.archive)
+    native_id = engine.build_native(BuildRequest(context_dir=context, dockerfile=context / "Dockerfile", tags=(tag,),
+                                                 source_date_epoch=EPOCH, network="none"))
+    info = engine.inspect(native_id)
+    try:
+        moved = BuildahEngine(storage_dir=tmp_path / "storage")._deliver(info, tag)
+        assert daemon.image_id(tag) == native_id
+        assert moved == sum(layer.size for layer in info.layers) > BIG
+    finally:
+        daemon.remove(tag)
+        discard_storage(engine, engine.storage_dir)

@@ -7,7 +7,6 @@ import subprocess
 import pytest
 from engine_helpers import EPOCH, TEST_BASE_TAG, write_context
 
-from builder.engine import delivery
 from builder.engine.buildah import BuildahEngine
 from builder.engine.daemon import DockerDaemon
 from builder.engine.protocol import BuildRequest
@@ -24,7 +23,7 @@ COPY note.txt /note.txt
 
 def write(engine: BuildahEngine, context, tag: str, note: str):
     (context / "note.txt").write_text(note)
-    return engine.write(BuildRequest(context_dir=context, dockerfile=context / "Dockerfile", tags=(tag,),
+    return engine.build(BuildRequest(context_dir=context, dockerfile=context / "Dockerfile", tags=(tag,),
                                      source_date_epoch=EPOCH, network="none"))
 
 
@@ -34,7 +33,7 @@ def no_push(*args, **kwargs):
 
 @pytest.mark.engine
 def test_a_written_image_goes_from_the_layout_into_the_daemon_with_its_id(base_image, tmp_path, monkeypatch):
-    monkeypatch.setattr(delivery, "deliver_new_layers", no_push)
+    monkeypatch.setattr(BuildahEngine, "_deliver_through_push", no_push)
     context = write_context(tmp_path / "ctx", DOCKERFILE)
     engine, daemon = BuildahEngine(), DockerDaemon()
     tags = ("localhost/delivery-write:one", "localhost/delivery-write:two")

@@ -96,13 +96,14 @@ RUN --mount=type=secret,id=cacert tail -n 1 /run/secrets/cacert | grep -q '^# bu
     engine = BuildahEngine(storage_dir=tmp_path / "storage", export_to_docker=False)
     engine.load(base_image.archive)
     network = host_network()
-    result = engine.build(BuildRequest(
+    # The engine's own build: the builder's (write-once) build runs every step with no network at all.
+    image_id = engine.build_native(BuildRequest(
         context_dir=context, dockerfile=context / "Dockerfile", tags=["localhost/leak-test:1"],
         source_date_epoch=EPOCH, secrets={CA_SECRET_ID: secret},
         add_hosts=network.add_hosts + (host_entry,),
     ))
     archive = tmp_path / "image.tar"
-    engine.save(result.image_id, archive)
+    engine.save(image_id, archive)
     engine.reset_storage()
     config, files = layer_files(archive)
     # The build really used both: the wheel came through the CA secret.

@@ -40,7 +40,7 @@ def engine(base_image, tmp_path, monkeypatch):
 
 def write(engine: BuildahEngine, tmp_path, text: str, *tags: str):
     context = write_context(tmp_path / f"ctx-{text}", DOCKERFILE, {"hello.txt": f"{text}\n"})
-    return engine.write(BuildRequest(context_dir=context, dockerfile=context / "Dockerfile", tags=tags,
+    return engine.build(BuildRequest(context_dir=context, dockerfile=context / "Dockerfile", tags=tags,
                                      source_date_epoch=EPOCH, network="none"))
 
 

@@ -32,7 +32,7 @@ def written_image(tmp_path, name: str, text: str) -> str:
     context = write_context(tmp_path / name, (f"FROM {TEST_BASE_TAG}\nCOPY hello.txt /hello.txt\n"),
                             {"hello.txt": text})
     tag = f"localhost/{REPOSITORY}:{name}"
-    return BuildahEngine(export_to_docker=False).write(BuildRequest(
+    return BuildahEngine(export_to_docker=False).build(BuildRequest(
         context_dir=context, dockerfile=context / "Dockerfile", tags=(tag,), source_date_epoch=EPOCH,
         build_args={}, network="none")).image_id
 

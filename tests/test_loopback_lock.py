@@ -34,6 +34,7 @@ from builder.oci.layer_diff import discard_storage
 from loopback_debian import DebianMirror, Signer, real_debs
 from loopback_index import ROW_SYSTEM_PACKAGES, LoopbackServer, cu130_env, cu130_project, sha256_of
 from checkouts import REPO, run_builder
+from engine_helpers import engine_image
 from lock_values import smoke_report
 from registries import Registry, free_port
 
@@ -293,20 +294,19 @@ def test_the_rows_dockerfile_built_by_either_buildah_is_the_image_the_builder_wr
     request = _unpatched_local_row(locked, locked["project"].root, tmp_path / "cache")["request"]
     bookworm = BuildahEngine(export_to_docker=False)
     trixie = BuildahEngine(storage_dir=tmp_path / "storage-trixie", export_to_docker=False, command=trixie_buildah)
-    written_tag, built_tag = "localhost/loopback-row:written", "localhost/loopback-row:built"
+    written_tag, built_tag = "localhost/loopback-row:written", "localhost/loopback-row:built"  # the latter never tagged
     try:
-        written = bookworm.write(dataclasses.replace(request, tags=(written_tag,)))
+        written = bookworm.build(dataclasses.replace(request, tags=(written_tag,)))
         assert written.written_layers > 0 and written.reused_layers == 0
         bookworm.save(local_base, tmp_path / "base.docker.tar")
         trixie.load(tmp_path / "base.docker.tar")
         assert trixie.version().startswith("1.39")
         for engine in (bookworm, trixie):
-            built = engine.build(dataclasses.replace(request, tags=(built_tag,), no_cache=True))
+            built = engine_image(engine, dataclasses.replace(request, tags=(built_tag,), no_cache=True))
             assert [layer.diff_id for layer in built.layers] == [layer.diff_id for layer in written.layers]
             assert built.image_id == written.image_id
     finally:
-        for tag in (written_tag, built_tag):
-            bookworm.remove(tag)
+        bookworm.remove(written_tag)
         discard_storage(trixie, trixie.storage_dir)
 
 
@@ -316,7 +316,7 @@ def _git(root: Path, *args: str) -> None:
 
 
 def test_verify_against_lock_rebuilds_head_from_empty_storage_and_names_a_planted_label_and_file(
-        locked, local_base, tmp_path):
+        locked, local_base, tmp_path, monkeypatch):
     """`builder verify --against-lock` on the row, in a git work tree: the image the lock records is
     built again from the committed inputs in empty storage and found identical; after a commit that
     plants a label and a changed in-image tool, it names both. (The row's small stand-in wheels make this
@@ -328,6 +328,8 @@ def test_verify_against_lock_rebuilds_head_from_empty_storage_and_names_a_plante
     shutil.copy(REPO / ".gitignore", root)  # verify's scratch (build/) is not part of the committed tree
     row = _unpatched_local_row(locked, root, tmp_path / "cache")
     request, stack, inputs = row["request"], row["stack"], row["inputs"]
+    # The locked image in the layout the verify's own runs read (the row's cache), as a user's would be.
+    monkeypatch.setenv("BUILDER_CACHE", row["env"]["BUILDER_CACHE"])
     engine = BuildahEngine(export_to_docker=False)
     result = engine.build(request)
     try:

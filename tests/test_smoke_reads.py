@@ -328,7 +328,7 @@ def _keyed_image(engine, context: Path, tag: str, stack: dict, extra: str) -> st
         "COPY stack.json /opt/builder/stack.json\n"
         "COPY extra.txt /opt/extra.txt\n"
         "USER 1001:1001\n"), {"stack.json": json.dumps(stack), "extra.txt": extra})
-    return engine.write(BuildRequest(context_dir=context, dockerfile=context / "Dockerfile", tags=(tag,),
+    return engine.build(BuildRequest(context_dir=context, dockerfile=context / "Dockerfile", tags=(tag,),
                                      source_date_epoch=EPOCH, build_args={"SOURCE_DATE_EPOCH": str(EPOCH)},
                                      network="none")).image_id
 

@@ -129,9 +129,9 @@ def test_planted_non_determinism_is_caught_with_its_layer_and_file(base_image, t
     context = write_context(tmp_path / "ctx", f"""\
 FROM {TEST_BASE_TAG}
 ARG SOURCE_DATE_EPOCH
-RUN echo stable > /stable.txt
-RUN date +%s%N > /built-at.txt
-RUN echo after > /after.txt
+RUN ["/bin/sh", "-c", "echo stable > /stable.txt"]
+RUN ["/bin/sh", "-c", "date +%s%N > /built-at.txt"]
+RUN ["/bin/sh", "-c", "echo after > /after.txt"]
 """)
     request = BuildRequest(context_dir=context, dockerfile=context / "Dockerfile",
                            tags=["localhost/verify-test-planted:1"], source_date_epoch=EPOCH)
@@ -139,7 +139,7 @@ RUN echo after > /after.txt
     assert two.image_ids[0] != two.image_ids[1]
     result = compare(*two.archives)
     assert result.layer_index == 2  # the base, the stable step, then the planted one
-    assert result.step.endswith("/bin/sh -c date +%s%N > /built-at.txt")
+    assert result.step.endswith('"date +%s%N > /built-at.txt"]')
     assert result.files == (FileDifference("built-at.txt", "content"),)
     assert result.describe()[1].startswith("first differing layer: #3 made by: ")
 

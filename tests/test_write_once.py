@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from engine_helpers import EPOCH, TEST_BASE_TAG, write_context
+from engine_helpers import EPOCH, TEST_BASE_TAG, engine_image, write_context
 
 from builder.engine import write_once
 from builder.engine.buildah import BuildahEngine
@@ -38,6 +38,22 @@ def test_the_plan_writes_the_history_buildah_wrote_for_the_built_rows(stack):
     assert [step.created_by for step in plan.steps] == engine_history
     layer_steps = [step.created_by for step in plan.steps if not step.empty_layer]
     assert layer_steps == [layer["step"] for layer in report["layers"][1:]]
+
+
+def test_the_plan_names_the_build_arguments_as_buildah_does():
+    """What buildah 1.28.2 wrote for this Dockerfile (with --build-arg SOURCE_DATE_EPOCH=1735689600): an
+    ARG entry names the arguments with a value so far, sorted; a RUN step's prefix sorts the NAME=VALUE
+    strings ("A1=x" before "A=y"); an argument with no value is named nowhere and sets no variable."""
+    plan = dockerfile_plan.parse('FROM base:1\nARG SOURCE_DATE_EPOCH\nARG NOVAL\nARG A=y\nARG A1=x\nRUN ["true"]\n',
+                                 {"SOURCE_DATE_EPOCH": "1735689600"})
+    assert [step.created_by for step in plan.steps] == [
+        "/bin/sh -c #(nop) ARG SOURCE_DATE_EPOCH",
+        "/bin/sh -c #(nop) ARG SOURCE_DATE_EPOCH",
+        "/bin/sh -c #(nop) ARG A SOURCE_DATE_EPOCH",
+        "/bin/sh -c #(nop) ARG A A1 SOURCE_DATE_EPOCH",
+        '|3 A1=x A=y SOURCE_DATE_EPOCH=1735689600 /bin/sh -c ["true"]',
+    ]
+    assert plan.build_args == {"SOURCE_DATE_EPOCH": "1735689600", "A": "y", "A1": "x"}
 
 
 @pytest.mark.parametrize("text, problem", [
@@ -280,8 +296,8 @@ def test_the_written_image_is_the_engines_image_by_id_and_its_cache_is_keyed_by_
     engine = BuildahEngine(export_to_docker=False)
     built_tag, written_tag = "localhost/write-once-engine:1", "localhost/write-once-written:1"
     try:
-        built = engine.build(_tiny_request(tmp_path, built_tag, no_cache=True))
-        written = engine.write(_tiny_request(tmp_path, written_tag))
+        built = engine_image(engine, _tiny_request(tmp_path, built_tag, no_cache=True))
+        written = engine.build(_tiny_request(tmp_path, written_tag))
         assert written.image_id == built.image_id
         assert [layer.diff_id for layer in written.layers] == [layer.diff_id for layer in built.layers]
         assert (written.written_layers, written.reused_layers) == (6, 0)
@@ -293,15 +309,15 @@ def test_the_written_image_is_the_engines_image_by_id_and_its_cache_is_keyed_by_
         kept = tmp_path / "cache" / "layer-listings"
         assert all((kept / f"{layer.diff_id.removeprefix('sha256:')}.json").is_file() for layer in written.layers[-6:])
 
-        again = engine.write(_tiny_request(tmp_path, written_tag))
+        again = engine.build(_tiny_request(tmp_path, written_tag))
         assert (again.image_id, again.written_layers, again.reused_layers) == (written.image_id, 0, 6)
 
         # data/run.sh is first read by the RUN that mounts data/: that step and every one after it run
         # again; the first COPY (data/a.txt alone) is reused.
         (tmp_path / "ctx" / "data" / "run.sh").write_text("#!/bin/sh\necho changed\n")
-        changed = engine.write(_tiny_request(tmp_path, written_tag))
+        changed = engine.build(_tiny_request(tmp_path, written_tag))
         assert (changed.written_layers, changed.reused_layers) == (5, 1)
-        rebuilt = engine.build(_tiny_request(tmp_path, built_tag, no_cache=True))
+        rebuilt = engine_image(engine, _tiny_request(tmp_path, built_tag, no_cache=True))
         assert changed.image_id == rebuilt.image_id != written.image_id
         engine.ensure_in_storage(written_tag)
         assert _runs(written_tag) == f"1001\n/opt/data\nbar {EPOCH}\n"
@@ -310,13 +326,12 @@ def test_the_written_image_is_the_engines_image_by_id_and_its_cache_is_keyed_by_
         # whose layers left the engine's mount-point stubs out, and the last RUN's layer is still the
         # engine's (it gains no /etc).
         (tmp_path / "ctx" / "late.txt").write_text("changed\n")
-        late = engine.write(_tiny_request(tmp_path, written_tag))
+        late = engine.build(_tiny_request(tmp_path, written_tag))
         assert (late.written_layers, late.reused_layers) == (2, 4)
-        rebuilt = engine.build(_tiny_request(tmp_path, built_tag, no_cache=True))
+        rebuilt = engine_image(engine, _tiny_request(tmp_path, built_tag, no_cache=True))
         assert [layer.diff_id for layer in late.layers] == [layer.diff_id for layer in rebuilt.layers]
         assert late.image_id == rebuilt.image_id
     finally:
-        engine.remove(built_tag)
         engine.remove(written_tag)
     assert list((tmp_path / "cache" / "write-once" / "tmp").iterdir()) == []  # no root, bundle or layout is left
     assert str(tmp_path) not in Path("/proc/mounts").read_text()
@@ -331,7 +346,7 @@ def test_the_write_once_build_refuses_requests_it_cannot_honour(tmp_path, change
     request = _tiny_request(tmp_path, "localhost/write-once-refused:1")
     engine = BuildahEngine(export_to_docker=False)
     with pytest.raises(UserError, match=problem):
-        engine.write(dataclasses.replace(request, **change))
+        engine.build(dataclasses.replace(request, **change))
 
 
 KILLED = f"""FROM {TEST_BASE_TAG}
@@ -348,7 +363,7 @@ from builder.engine.protocol import BuildRequest
 request = BuildRequest(context_dir=sys.argv[1], dockerfile=sys.argv[1] + "/Dockerfile", tags=(sys.argv[2],),
                        source_date_epoch=int(sys.argv[3]), build_args={"SOURCE_DATE_EPOCH": sys.argv[3]},
                        network="none", progress=lambda line: print(line, flush=True))
-print(BuildahEngine(export_to_docker=False).write(request).image_id, flush=True)
+print(BuildahEngine(export_to_docker=False).build(request).image_id, flush=True)
 """
 
 
@@ -389,10 +404,10 @@ def test_a_write_once_build_killed_in_a_step_moves_no_tag_and_leaves_no_lying_bl
         assert "removed what a killed build left: " in rerun.stdout
         assert f"builder-step-{process.pid}-" in rerun.stdout  # its step, still running in the runtime
         written_id = rerun.stdout.strip().splitlines()[-1]
-        built = engine.build(BuildRequest(context_dir=context, dockerfile=context / "Dockerfile",
-                                          tags=("localhost/write-once-killed-engine:1",), source_date_epoch=EPOCH,
-                                          build_args={"SOURCE_DATE_EPOCH": str(EPOCH)}, network="none",
-                                          no_cache=True))
+        built = engine_image(engine, BuildRequest(context_dir=context, dockerfile=context / "Dockerfile",
+                                                  tags=("localhost/write-once-killed-engine:1",),
+                                                  source_date_epoch=EPOCH, build_args={"SOURCE_DATE_EPOCH": str(EPOCH)},
+                                                  network="none", no_cache=True))
         assert written_id == built.image_id == engine.image_id(tag)
         state = tmp_path / "cache" / "write-once" / "runtime"
         leftovers = subprocess.run(["runc", "--root", str(state), "list", "--quiet"], capture_output=True, text=True,
@@ -401,7 +416,6 @@ def test_a_write_once_build_killed_in_a_step_moves_no_tag_and_leaves_no_lying_bl
         assert str(tmp_path) not in Path("/proc/mounts").read_text()
     finally:
         engine.remove(tag)
-        engine.remove("localhost/write-once-killed-engine:1")
 
 
 @pytest.mark.engine
@@ -417,7 +431,7 @@ def test_buildah_1_39_from_its_chroot_writes_the_same_image(base_image, trixie_b
         ids = {}
         for name, engine in engines.items():
             engine.load(base_image.archive)
-            written = engine.write(_tiny_request(tmp_path, f"localhost/write-once-{name}:1"))
+            written = engine.build(_tiny_request(tmp_path, f"localhost/write-once-{name}:1"))
             assert (written.written_layers, written.reused_layers) == (6, 0)
             ids[name] = written.image_id
         assert engines["trixie"].version().startswith("1.39")
@@ -467,10 +481,10 @@ def test_two_builds_over_one_store_at_once_each_give_the_image_they_give_alone(b
     (tmp_path / "two" / "ctx" / "late.txt").write_text("the second context\n")
     try:
         monkeypatch.setenv("BUILDER_CACHE", str(tmp_path / "alone"))
-        alone = [engine.write(request).image_id for request in requests]
+        alone = [engine.build(request).image_id for request in requests]
         monkeypatch.setenv("BUILDER_CACHE", str(tmp_path / "shared"))
         with ThreadPoolExecutor(2) as together:
-            side_by_side = [done.image_id for done in together.map(engine.write, requests)]
+            side_by_side = [done.image_id for done in together.map(engine.build, requests)]
     finally:
         for tag in tags:
             engine.remove(tag)

@@ -151,7 +151,7 @@ def _build_in_context(engine: Engine, stack: Stack, inputs: context.BuildInputs,
     with tempfile.TemporaryDirectory(prefix="builder-context-", dir=cache.root) as scratch:
         context_dir = Path(scratch) / "context"
         dockerfile = stage_context(inputs, root, resolution, cache, context_dir)
-        return engine.write(build_request(stack, context_dir, dockerfile, candidate, no_cache, progress))
+        return engine.build(build_request(stack, context_dir, dockerfile, candidate, no_cache, progress))
 
 
 def _answered(entry: LockEntry, image_id: str | None, stack: Stack, sbom_file: Path, resmoke: bool) -> bool:

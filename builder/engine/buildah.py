@@ -1,14 +1,15 @@
 """buildah: the default engine. Daemonless, and `buildah build --timestamp` makes clean rebuilds
 bit-identical (same image ID), which the Docker 20.10 daemon's builders cannot.
 
-`builder build` writes its image itself (write(), engine/write_once.py) into the write-once OCI layout,
+`builder build` writes its image itself (build(), engine/write_once.py) into the write-once OCI layout,
 which stays the image's home: the layout's refs are its tags (engine/written_images.py), and buildah's
 storage gets a copy only when something needs one there (ensure_in_storage: a container, a mount, an
-archive). The engine's own build (build()) runs in buildah's storage and is tagged there. Either image
-can be copied into the local Docker daemon so `docker run` works: only the layers the daemon lacks
-(engine/delivery.py), or the whole image (`buildah push ID docker-daemon:TAG`) when it holds none.
-Either copy keeps the config blob byte-for-byte, so the image ID (the sha256 of the config, see
-engine/protocol.py) is the same everywhere.
+archive). The engine's own build (build_native()) runs in buildah's storage, untagged: only the proof
+that the Dockerfile is the spec uses it (canonical_preview()). An image can be copied into the local
+Docker daemon so `docker run` works: from the layout, only the layers the daemon lacks
+(engine/delivery.py); an image only the storage holds (one loaded from an archive), whole
+(`buildah push ID docker-daemon:TAG`). Either copy keeps the config blob byte-for-byte, so the image ID
+(the sha256 of the config, see engine/protocol.py) is the same everywhere.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from builder.engine import canonical_export, delivery, layout_push, podman_service, rootfs_container, write_once
+from builder.engine import canonical_preview, delivery, layout_push, podman_service, rootfs_container, write_once
 from builder.engine.identity import EngineIdentity
 from builder.engine.process import run_quiet, run_streaming
 from builder.engine.protocol import (
@@ -70,17 +71,14 @@ class _TagPlaces:
     daemon: dict[str, str | None]  # the Docker daemon's, where the engine delivers
 
 
-def host_canonical_index() -> canonical_export.CanonicalIndex:
-    """The canonical forms builds in the default storage recorded (a content-keyed cache, like the wheels)."""
-    return canonical_export.CanonicalIndex(cache_root() / "canonical-index")
-
-
 class BuildahEngine:
     """buildah with its default storage, or a private one (storage_dir) for builds from an empty cache.
 
     export_to_docker: copy built images into the Docker daemon (off for throwaway verify builds).
     command: how to run buildah (default: $BUILDER_BUILDAH, else `buildah` from PATH).
-    Every build ends in the canonical form of its image (canonical_export.py): that is the image id.
+    build() writes every layer itself (engine/write_once.py): the layout's image id is the image id.
+    The engine's own build (build_native) is kept for the proof that the Dockerfile is the spec: its
+    canonical form (canonical_preview) has the same id.
     Names and ids the write-once layout holds are answered from it and act on its refs; all others on
     buildah's storage.
     """
@@ -151,7 +149,7 @@ class BuildahEngine:
         return own + ((("docker daemon", self.daemon),) if self.export_to_docker else ())
 
     def build_native(self, request: BuildRequest) -> str:
-        """The engine's own image of `request`, untagged (build() then puts its canonical form in storage)."""
+        """The engine's own image of `request` (`buildah build`), untagged, in its storage."""
         self.check()
         check_request_inputs(request)
         self._bases_into_storage(request)
@@ -166,35 +164,6 @@ class BuildahEngine:
             return _normalise_id(iidfile.read_text().strip())
 
     def build(self, request: BuildRequest) -> BuildResult:
-        started = time.monotonic()
-        previous = self._previous_tags(request.tags)
-        native_id = self.build_native(request)
-        try:
-            exported = self._canonical(native_id, request)
-        except BaseException:
-            self._restore_tags(previous)
-            raise
-        image_id = exported.image_id
-        built = time.monotonic()
-        info = self.inspect(image_id)
-        delivered = self._apply_tags(info, request.tags, previous)
-        deliver_s = time.monotonic() - built
-        return BuildResult(
-            image_id=image_id,
-            tags=request.tags,
-            engine=self.name,
-            layers=info.layers,
-            duration_s=round(time.monotonic() - started, 1),
-            deliver_s=round(deliver_s, 1),
-            delivered_bytes=delivered,
-            identity=self.identity(),
-            canonical_s=exported.seconds,
-            canonical_bytes=exported.bytes_rewritten,
-            canonical_layers=exported.layers_rewritten,
-            native_id=native_id,
-        )
-
-    def write(self, request: BuildRequest) -> BuildResult:
         """The builder's own build of the rendered Dockerfile (engine/write_once.py): buildah runs the
         steps that need the image's programs, the builder writes every layer once into a content-keyed
         OCI layout, where the finished image stays: the request's tags become the layout's refs, and
@@ -270,20 +239,13 @@ class BuildahEngine:
         for ref in base_image_refs(request.dockerfile.read_text(errors="replace"), request.build_args):
             self.ensure_in_storage(ref)
 
-    # -- canonical export ----------------------------------------------------------------------
+    # -- the engine's own build, in canonical form (the spec's proof) ------------------------------
 
-    def canonical_index(self) -> canonical_export.CanonicalIndex:
-        if self.storage_dir is not None:
-            return canonical_export.CanonicalIndex(self.storage_dir / "canonical-index")
-        return host_canonical_index()
-
-    def canonical_preview(self, native_id: str, request: BuildRequest,
-                          known: canonical_export.CanonicalIndex | None = None) -> ImageInfo:
-        """The canonical image build() would make of `native_id` (id, layers, config), without storing
-        it (verify's check); its files are the native image's, with engine stubs and tar modes aside.
-        Layers whose canonical form `known` recorded are looked up, not read again."""
-        config = canonical_export.canonical_config(self._global_args(), self._native(native_id, request),
-                                                   self._canonical_workdir(), known)
+    def canonical_preview(self, native_id: str, request: BuildRequest) -> ImageInfo:
+        """The canonical form of the engine's image `native_id` of `request` (id, layers, config),
+        computed, not stored (engine/canonical_preview.py): the id build() gives the same Dockerfile."""
+        config = canonical_preview.canonical_config(self._global_args(), self._native(native_id, request),
+                                                    self._scratch_dir())
         data = json.loads(config)
         diff_ids = list(data.get("rootfs", {}).get("diff_ids", []))
         layers = layers_from_history(diff_ids, list(data.get("history") or []), [None] * len(diff_ids))
@@ -291,32 +253,18 @@ class BuildahEngine:
         return ImageInfo("sha256:" + hashlib.sha256(config).hexdigest(), (), str(data.get("created", "")), labels,
                          layers, data)
 
-    def _native(self, native_id: str, request: BuildRequest) -> canonical_export.NativeImage:
+    def _native(self, native_id: str, request: BuildRequest) -> canonical_preview.NativeImage:
         info = self.inspect(native_id)
         base_layers, base_history = self._base_prefix(info, request)
-        return canonical_export.NativeImage(
+        return canonical_preview.NativeImage(
             image_id=native_id, config=dict(info.config),
             diff_ids=tuple(layer.diff_id for layer in info.layers),
-            sizes=tuple(layer.size for layer in info.layers),
             steps=tuple(layer.created_by for layer in info.layers),
             base_layers=base_layers, base_history=base_history,
         )
 
-    def _canonical_workdir(self) -> Path:
+    def _scratch_dir(self) -> Path:
         return self.storage_dir / "tmp" if self.storage_dir is not None else Path(tempfile.gettempdir())
-
-    def _canonical(self, native_id: str, request: BuildRequest) -> canonical_export.Export:
-        """The canonical form of the engine's image: the one found by an earlier export of the same
-        image, else a new one (canonical_export.py)."""
-        index = self.canonical_index()
-        known = index.image(native_id)
-        if known is not None and self.exists(known):
-            return canonical_export.Export(known)
-        native = self._native(native_id, request)
-        if request.progress:
-            request.progress(f"canonical export of {native_id}")
-        return canonical_export.export(self._global_args(), native, index, self._canonical_workdir(), request.tags[0],
-                                       request.progress)
 
     def _base_prefix(self, info: ImageInfo, request: BuildRequest) -> tuple[int, int]:
         """(layers, history entries) the image takes unchanged from its base: the base named in the
@@ -414,13 +362,13 @@ class BuildahEngine:
                 self.daemon.tag(old_id, tag)
 
     def _deliver(self, info: ImageInfo, tag: str) -> int:
-        """Only the layers the daemon lacks when it holds some: read from the write-once layout where it
-        holds the image, else through a `buildah push`. Returns the bytes moved."""
+        """Only the layers the daemon lacks when it holds some, read from the write-once layout where it
+        holds the image; else the whole image through a `buildah push`. Returns the bytes moved."""
         diff_ids = [layer.diff_id for layer in info.layers]
         skip = delivery.layers_to_skip(diff_ids, delivery.held_chains(self.daemon.client))
         moved = self._deliver_from_layout(info, diff_ids, skip, tag)
         if moved is None:
-            moved = self._deliver_through_push(info, diff_ids, skip, tag)
+            moved = self._deliver_through_push(info, tag)
         self._check_delivered(info.image_id, tag)
         return moved
 
@@ -441,25 +389,13 @@ class BuildahEngine:
             done = delivery.deliver_from_layout(blobs, config, diff_ids, set(), tag, load)
         return None if done is None else done.bytes_moved
 
-    def _deliver_through_push(self, info: ImageInfo, diff_ids: list[str], skip: set[str], tag: str) -> int:
-        """The engine's own images: only the new layers through an OCI layout buildah writes, or the whole
-        image straight into the daemon when that fails."""
-        moved = None
-        if skip:
-            try:
-                moved = delivery.deliver_new_layers(
-                    self._global_args(), info.image_id, diff_ids, skip, tag, self.daemon.load_stream,
-                    Path(tempfile.gettempdir()),
-                ).bytes_moved
-            except (BuildFailure, OSError):
-                moved = None  # the full copy below still gets the image there
-        if moved is None:
-            run_quiet(
-                self._global_args() + ["push", "--quiet", info.image_id, f"docker-daemon:{tag}"],
-                f"copying {tag} into the Docker daemon",
-            )
-            moved = sum(layer.size or 0 for layer in info.layers)
-        return moved
+    def _deliver_through_push(self, info: ImageInfo, tag: str) -> int:
+        """An image only the storage holds: whole, straight into the daemon."""
+        run_quiet(
+            self._global_args() + ["push", "--quiet", info.image_id, f"docker-daemon:{tag}"],
+            f"copying {tag} into the Docker daemon",
+        )
+        return sum(layer.size or 0 for layer in info.layers)
 
     def _check_delivered(self, image_id: str, tag: str) -> None:
         copied = self.daemon.image_id(tag)
@@ -696,7 +632,7 @@ def _check_writable(request: BuildRequest) -> None:
         unsupported.append(f"network {request.network}")
     if unsupported:
         raise UserError(f"the write-once build runs every step with no network and takes no "
-                        f"{', '.join(unsupported)}: use build()")
+                        f"{', '.join(unsupported)}")
 
 
 def _normalise_id(image_id: str) -> str:

@@ -4,12 +4,9 @@ nothing on the way.
 The daemon holds a layer when one of its images has the same chain of diff_ids up to it (its layer
 store is keyed by chain id), and `docker load` of a docker-archive registers a layer only when its
 chain id is new, reading only those layer files. So the archive carries the config, the manifest and
-the new layers, streamed through a pipe:
-  - from the write-once layout (`deliver_from_layout`), where the builder wrote every layer as an
-    uncompressed tar named by its diff_id: the image's product, read in place;
-  - for an image the layout does not hold (the engine's own build), from an OCI layout `buildah push`
-    writes, pre-seeded with a zero-byte placeholder per held layer so it writes only the new ones
-    (gzip level 0: no CPU spent on compression; the daemon takes gzip or plain tar alike).
+the new layers, streamed through a pipe from the write-once layout (`deliver_from_layout`), where the
+builder wrote every layer as an uncompressed tar named by its diff_id: the image's product, read in
+place. (An image the layout does not hold goes whole, through `buildah push`: engine/buildah.py.)
 The config travels byte for byte, so the image id in the daemon is the builder's. Whatever goes wrong
 on the way (a layer removed from the daemon meanwhile), the caller sends every layer; the id check
 afterwards holds either way.
@@ -22,7 +19,6 @@ import io
 import json
 import os
 import tarfile
-import tempfile
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -30,12 +26,7 @@ from pathlib import Path
 
 import docker.errors
 
-from builder.engine.process import run_quiet
-from builder.errors import BuildFailure
-from builder.oci.layout import Layout, hex_of
-
-OCI_REF = "delivery"
-
+from builder.oci.layout import hex_of
 
 def chain_ids(diff_ids: Sequence[str]) -> list[str]:
     """The daemon's layer keys: chain(1) = diff_id(1), chain(n) = sha256(chain(n-1) + " " + diff_id(n))."""
@@ -60,8 +51,8 @@ def held_chains(client) -> set[str]:
 
 
 def layers_to_skip(diff_ids: Sequence[str], held: set[str]) -> set[str]:
-    """diff_ids the daemon holds at every position the image uses them (a placeholder stands for a
-    diff_id wherever it occurs, so a layer repeated at a position the daemon lacks must travel)."""
+    """diff_ids the daemon holds at every position the image uses them (a left-out layer file stands for
+    a diff_id wherever it occurs, so a layer repeated at a position the daemon lacks must travel)."""
     positions: dict[str, list[bool]] = {}
     for diff_id, chain in zip(diff_ids, chain_ids(diff_ids)):
         positions.setdefault(diff_id, []).append(chain in held)
@@ -85,28 +76,6 @@ def deliver_from_layout(blobs: Path, config: bytes, diff_ids: Sequence[str], ski
         return None
     _stream_archive(load, config, [hex_of(diff_id) for diff_id in diff_ids], sources, tag)
     return Delivery(len(diff_ids), len(sources), sum(path.stat().st_size for path in sources.values()))
-
-
-def deliver_new_layers(buildah: list[str], image_id: str, diff_ids: Sequence[str], skip: set[str],
-                       tag: str, load: Callable[[object], None], workdir: Path) -> Delivery:
-    """Push `image_id` to an OCI layout pre-seeded with placeholders for `skip`, then hand the daemon
-    a docker-archive of the config and the layers it lacks through `load` (a binary stream). For an
-    image the write-once layout does not hold (the engine's own build)."""
-    with tempfile.TemporaryDirectory(prefix="builder-delivery-", dir=workdir) as scratch:
-        layout = Layout.create(Path(scratch))
-        blobs = layout.blobs
-        for diff_id in skip:
-            layout.add_placeholder(diff_id)
-        run_quiet(buildah + ["push", "--quiet", "--compression-format", "gzip", "--compression-level", "0",
-                             image_id, f"oci:{layout.root}:{OCI_REF}"], f"writing the new layers of {tag}")
-        manifest = layout.manifest()
-        config = layout.read_blob(manifest["config"]["digest"])
-        layer_files = [hex_of(layer["digest"]) for layer in manifest["layers"]]
-        if len(layer_files) != len(diff_ids):
-            raise BuildFailure(f"{tag}: buildah wrote {len(layer_files)} layers, the image has {len(diff_ids)}")
-        sources = {name: blobs / name for name in layer_files if (blobs / name).stat().st_size > 0}
-        _stream_archive(load, config, layer_files, sources, tag)
-        return Delivery(len(diff_ids), len(sources), sum(path.stat().st_size for path in sources.values()))
 
 
 def _stream_archive(load: Callable[[object], None], config: bytes, layer_names: list[str], sources: dict[str, Path],

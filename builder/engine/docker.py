@@ -102,10 +102,6 @@ class DockerEngine:
         argv.append(str(request.context_dir))
         return argv, env
 
-    def write(self, request: BuildRequest) -> BuildResult:
-        """The daemon writes its own layers: its build is the only one."""
-        return self.build(request)
-
     def build(self, request: BuildRequest) -> BuildResult:
         self.check()
         check_request_inputs(request)

@@ -1,7 +1,7 @@
 """Which engine made an image: its name and version, recorded with the image id (build report, lock).
 
-With canonical export (canonical.py) two versions of buildah give one image id; the identity still goes
-with every id, so that when two ids differ the message can name both engines.
+The builder writes every layer itself (write_once.py), so two versions of buildah give one image id; the
+identity still goes with every id, so that when two ids differ the message can name both engines.
 """
 
 from __future__ import annotations

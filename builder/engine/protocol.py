@@ -26,8 +26,6 @@ if TYPE_CHECKING:
 
     from builder.engine.image_container import ImageSource
 
-    from builder.engine.canonical_export import CanonicalIndex
-
 # Each line the engine prints during a build; the caller decides how to show it (terminal or CI).
 ProgressCallback = Callable[[str], None]
 
@@ -127,12 +125,6 @@ class BuildResult:
     delivered_bytes: int = 0
     # The engine and its version that made the image.
     identity: EngineIdentity | None = None
-    # Rewriting the engine's image into its canonical form (engine/canonical_export.py): time, tar bytes.
-    canonical_s: float = 0.0
-    canonical_bytes: int = 0
-    canonical_layers: int = 0  # layers rewritten (0 when an earlier export is reused)
-    # The engine's own image id before the rewrite ("" where there is none): it differs between versions.
-    native_id: str = ""
     # The write-once build (engine/write_once.py): layers written, their bytes, layers the cache held.
     written_layers: int = 0
     written_bytes: int = 0
@@ -189,14 +181,12 @@ class Engine(Protocol):
         """(name, store) of every place this engine keeps tags: where an immutable tag must not move."""
 
     def build(self, request: BuildRequest) -> BuildResult:
-        """Build, then tag with every request tag, in the engine and in the local Docker daemon.
+        """What `builder build` runs: build, then tag with every request tag, in the engine and in the
+        local Docker daemon. Each layer is written once by the builder where the engine allows it
+        (buildah: engine/write_once.py), else the engine's own build.
 
         On failure or Ctrl-C no request tag is left pointing at a new image.
         """
-
-    def write(self, request: BuildRequest) -> BuildResult:
-        """What `builder build` runs: as build(), with each layer written once by the builder where the
-        engine allows it (buildah: engine/write_once.py), else the engine's own build."""
 
     def inspect(self, ref: str) -> ImageInfo:
         """Image id, tags, created time, labels and layers (with the step that made each)."""
@@ -255,14 +245,11 @@ class StorageEngine(Engine, Protocol):
         """This engine over an empty storage of its own under `storage_dir`, delivering nowhere."""
 
     def build_native(self, request: BuildRequest) -> str:
-        """The engine's own image of `request`, before its canonical form (see build())."""
+        """The engine's own image of `request` (its own build of the Dockerfile, untagged)."""
 
-    def canonical_index(self) -> CanonicalIndex:
-        """The canonical forms this storage's builds recorded."""
-
-    def canonical_preview(self, native_id: str, request: BuildRequest,
-                          known: CanonicalIndex | None = None) -> ImageInfo:
-        """The canonical image build() would make of `native_id`, computed, not stored."""
+    def canonical_preview(self, native_id: str, request: BuildRequest) -> ImageInfo:
+        """The canonical form of the engine's own image `native_id`, computed, not stored: the image
+        build() writes of the same Dockerfile, when the Dockerfile is the spec it should be."""
 
     def mounted(self, ref: str) -> contextlib.AbstractContextManager[Path]:
         """The image's root filesystem, read-only, for the block's length."""

@@ -8,8 +8,8 @@ writes it as one canonical layer into an OCI layout (builder/oci/tree_layer.py).
 install steps are not run: their layers are written from the groups' plans straight from the wheels
 (builder/oci/wheel_layer.py). No engine runs a step, commits a layer or exports one; buildah only
 hands over the base. The config and history are the builder's, from the Dockerfile
-(builder/oci/dockerfile_plan.py), in the form the canonical export gives an engine-built image, so
-both paths name one image by one id. The finished image stays in the layout: its home.
+(builder/oci/dockerfile_plan.py), in the canonical form (builder/oci/canonical.py) an engine-built image
+is put in to prove the Dockerfile is the spec (canonical_preview.py), so both paths name one image by one id. The finished image stays in the layout: its home.
 """
 
 from __future__ import annotations
@@ -261,7 +261,7 @@ def step_keys(plan: dockerfile_plan.Plan, base_id: str, epoch: int, context_dir:
     keys, key = [], step_cache.first_key(base_id, epoch)
     for step in plan.steps:
         reads = [*step.sources, *(source for source, _ in step.mounts)]
-        argument = plan.build_args[step.value] if step.keyword == "ARG" else ""
+        argument = plan.build_args.get(step.value, "") if step.keyword == "ARG" else ""
         key = step_cache.chain(key, step.created_by, argument,
                                *(step_cache.tree_digest(context_dir / source, memo) for source in reads))
         keys.append(key)
@@ -277,7 +277,10 @@ def write_image(buildah: Sequence[str], request: BuildRequest, root: Path, progr
     started = time.monotonic()
     store, workdir, indexes = Layout.create(root / "layout"), scratch_dir(root), _indexes(root)
     cache, memo = step_cache.StepCache(root / "steps"), step_cache.DigestMemo(root / "digests.json")
-    plan = dockerfile_plan.parse(request.dockerfile.read_text(), dict(request.build_args))
+    # SOURCE_DATE_EPOCH as buildah_command gives it (a request's own value comes after and wins): the
+    # same Dockerfile's steps see the same epoch on both paths.
+    build_args = {"SOURCE_DATE_EPOCH": str(request.source_date_epoch), **request.build_args}
+    plan = dockerfile_plan.parse(request.dockerfile.read_text(), build_args)
     base_id, base_config = _base(buildah, plan.base)
     config = _Config(base_config)
     base_layers = list(config.diff_ids)
@@ -418,7 +421,8 @@ def _applied_without_layer(plan: dockerfile_plan.Plan, step: dockerfile_plan.Ste
     """ARG and the metadata steps, applied to the build arguments or the config, and recorded in the
     history; False (nothing done) for a step that makes a layer."""
     if step.keyword == "ARG":
-        args[step.value] = plan.build_args[step.value]
+        if step.value in plan.build_args:
+            args[step.value] = plan.build_args[step.value]
     elif step.empty_layer:
         config.apply(step)
     else:

@@ -32,8 +32,6 @@ from typing import IO
 from builder.errors import BuildFailure
 from builder.files import HashingWriter
 
-# Part of every cache key: bump when the canonical form changes.
-FORMAT = "canonical-tar-1"
 LAYER_MEDIA_TYPE = "application/vnd.oci.image.layer.v1.tar"
 _CHUNK = 1 << 20
 ENGINE_STUBS = frozenset({"etc/hostname", "etc/hosts", "etc/resolv.conf"})
@@ -44,16 +42,16 @@ _RUN_MOUNT_DIGEST = re.compile(r"(--mount=\S.*):sha256:[0-9a-f]{64}$", re.DOTALL
 _HISTORY_KEYS = ("created", "created_by", "empty_layer")
 
 
-class _HashingReader:
-    """A stream read front to back that hashes every byte, even those tarfile skips with a forward seek.
-    (tarfile's own streaming mode copies its buffer on every read: 20 MB/s where this gives the disk's speed.)"""
+class ForwardReader:
+    """A stream read front to back, for tarfile's random-access mode: a forward seek reads up to the
+    target. (tarfile's own streaming mode copies its buffer on every read: 20 MB/s where this gives
+    the disk's speed.)"""
 
     def __init__(self, source: IO[bytes]) -> None:
-        self.source, self.digest, self.position = source, hashlib.sha256(), 0
+        self.source, self.position = source, 0
 
     def read(self, size: int = -1) -> bytes:
         data = self.source.read(size)
-        self.digest.update(data)
         self.position += len(data)
         return data
 
@@ -67,6 +65,19 @@ class _HashingReader:
         while self.position < target and self.read(min(_CHUNK, target - self.position)):
             pass
         return self.position
+
+
+class _HashingReader(ForwardReader):
+    """A forward reader that hashes every byte, even those tarfile skips with a forward seek."""
+
+    def __init__(self, source: IO[bytes]) -> None:
+        super().__init__(source)
+        self.digest = hashlib.sha256()
+
+    def read(self, size: int = -1) -> bytes:
+        data = super().read(size)
+        self.digest.update(data)
+        return data
 
     def drain(self) -> str:
         while self.read(_CHUNK):
@@ -162,24 +173,3 @@ def canonical_config(native: Mapping[str, object], diff_ids: Sequence[str], base
     history = list(config.get("history") or [])
     config["history"] = history[:base_history] + [canonical_history_entry(h) for h in history[base_history:]]
     return json.dumps(config, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
-
-
-def prefix_config(config: bytes, layers: int) -> bytes:
-    """The config of the image made of `config`'s first `layers` layers: its diff_ids and history cut
-    after the entry that made the last of them, the rest as it is (what an export imports one layer at a
-    time under)."""
-    prefix = json.loads(config)
-    prefix["rootfs"]["diff_ids"] = prefix["rootfs"]["diff_ids"][:layers]
-    kept, made = [], 0
-    for entry in prefix.get("history") or []:
-        if made == layers:
-            break
-        kept.append(entry)
-        made += not entry.get("empty_layer", False)
-    prefix["history"] = kept
-    return json.dumps(prefix, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
-
-
-def layer_cache_key(native_diff_id: str, drop_stubs: bool) -> str:
-    """What a canonical layer is a function of: the native layer, whether stubs go, and FORMAT."""
-    return hashlib.sha256(f"{FORMAT}\0{native_diff_id}\0{int(drop_stubs)}".encode()).hexdigest()

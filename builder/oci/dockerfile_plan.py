@@ -144,12 +144,17 @@ def parse(text: str, build_args: dict[str, str]) -> Plan:
             if match is None:
                 raise BuildFailure(f"{where}: expected ARG NAME[=DEFAULT]")
             name = match.group(1)
-            declared[name] = build_args.get(name, match.group(2) or "")
-            steps.append(Step("ARG", number, f"/bin/sh -c #(nop) ARG {name}", True, value=name))
+            # An argument with no value (none given, no default) is no argument to buildah: not in the
+            # history, not in a RUN step's environment.
+            if name in build_args or match.group(2) is not None:
+                declared[name] = build_args.get(name, match.group(2))
+            # buildah's ARG entry names every argument with a value so far, sorted.
+            steps.append(Step("ARG", number, f"/bin/sh -c #(nop) ARG {' '.join(sorted(declared))}", True, value=name))
         elif keyword == "RUN":
             argv, mounts = _run(rest, where)
-            # buildah names the build arguments in effect before the shell, as "|N NAME=VALUE ...".
-            args = [f"{k}={v}" for k, v in declared.items()]
+            # buildah names the build arguments in effect before the shell, as "|N NAME=VALUE ...", sorted
+            # as those strings.
+            args = sorted(f"{k}={v}" for k, v in declared.items())
             prefix = f"|{len(args)} {' '.join(args)} " if args else ""
             steps.append(Step("RUN", number, f"{prefix}/bin/sh -c {rest}", False, argv=argv, mounts=mounts))
         elif keyword == "COPY":

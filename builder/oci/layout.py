@@ -7,10 +7,6 @@ killed or failed write leaves at most a temporary file, never a blob whose name 
 Manifests, configs and the index are JSON with sorted keys and no spaces, so equal content gives equal
 digests.
 
-Placeholders (empty files under a digest's name) are the one exception, and only in scratch layouts
-handed to buildah: its `oci:` transport reuses a blob whose file exists without opening it
-(delivery.py, canonical_export.py).
-
 Refs are names in the index (entries carrying the ref.name annotation), each pointing at an image's
 manifest. Every change to them is one index write, under a lock file, of a whole new index.json
 (temporary file, fsync, rename): several processes share one layout, a name set together with others
@@ -192,11 +188,6 @@ class Layout:
     def write_json(self, value: object) -> Descriptor:
         return self.write_blob(deterministic_json(value))
 
-    def add_placeholder(self, digest: str) -> None:
-        """An empty file under `digest`'s name: for scratch layouts handed to buildah only (see above)."""
-        self.blobs.mkdir(parents=True, exist_ok=True)
-        self.blob_path(digest).write_bytes(b"")
-
     def remove_blob(self, digest: str) -> None:
         self.blob_path(digest).unlink(missing_ok=True)
 
@@ -229,8 +220,8 @@ class Layout:
         return self.read_json(self.manifest_descriptor(ref)["digest"], verify)
 
     def write_manifest(self, config: bytes, layers: list[dict]) -> Descriptor:
-        """Store `config` and a manifest naming it and `layers` (descriptors of blobs already here, or
-        placeholders), leaving the index alone. The manifest's descriptor: one image, one digest."""
+        """Store `config` and a manifest naming it and `layers` (descriptors of blobs already here),
+        leaving the index alone. The manifest's descriptor: one image, one digest."""
         config_blob = self.write_blob(config)
         return self.write_json({"schemaVersion": 2, "mediaType": MANIFEST_MEDIA_TYPE,
                                 "config": config_blob.as_json(CONFIG_MEDIA_TYPE), "layers": layers})

@@ -20,7 +20,6 @@ from builder.cache import deb_cache, wheel_cache
 from builder.config import tags
 from builder.config.matrix import Matrix, load_matrix
 from builder.config.stack import Stack
-from builder.engine import host_network
 from builder.engine.identity import describe
 from builder.engine.progress import Progress
 from builder.engine.protocol import BuildRequest, ImageInfo, Layer, StorageEngine
@@ -90,12 +89,11 @@ def verify_dockerfile(dockerfile: str, context_path: str, bases: list[str], matr
     path, context_dir = Path(dockerfile).resolve(), Path(context_path).resolve()
     if not path.is_file():
         raise UserError(f"no Dockerfile at {dockerfile}")
-    network = host_network.host_network()
+    # Built as `builder build` builds: every step with no network (engine/write_once.py).
     request = BuildRequest(
         context_dir=context_dir, dockerfile=path, tags=("localhost/builder-verify:scratch",),
         source_date_epoch=matrix.source_date_epoch,
-        build_args={"SOURCE_DATE_EPOCH": str(matrix.source_date_epoch)},
-        add_hosts=network.add_hosts, secrets=network.secrets, no_cache=True,
+        build_args={"SOURCE_DATE_EPOCH": str(matrix.source_date_epoch)}, network="none", no_cache=True,
         progress=Progress.for_environment().line,
     )
     return _twice(engine, request, bases or [local_base_tag(matrix.local_base["name"])],
@@ -137,7 +135,7 @@ def _locked_image(engine: StorageEngine, image_id: str, root: Path,
 
 
 def _describe_difference(expected: str, new_id: str, locked: ImageInfo | None, locked_engine: StorageEngine | None,
-                         built: ImageInfo, fresh: StorageEngine, mount_id: str) -> layer_diff.Comparison:
+                         built: ImageInfo, fresh: StorageEngine) -> layer_diff.Comparison:
     comparison = layer_diff.Comparison(first_id=expected, second_id=new_id)
     if locked is None:
         return comparison
@@ -146,7 +144,7 @@ def _describe_difference(expected: str, new_id: str, locked: ImageInfo | None, l
                    if not f.startswith("rootfs")) if locked.config else ()  # the layers say it
     files: tuple[layer_diff.FileDifference, ...] = ()
     if index is not None and locked_engine is not None:
-        with locked_engine.mounted(expected) as old_root, fresh.mounted(mount_id) as new_root:
+        with locked_engine.mounted(expected) as old_root, fresh.mounted(new_id) as new_root:
             # Both trees at once: hashing them is mostly waiting on the disk (about 80 s each for 11 GB).
             with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
                 old_entries, new_entries = pool.map(layer_diff.tree_entries, (old_root, new_root))
@@ -190,17 +188,14 @@ def verify_against_lock(matrix: Matrix, name: str, local_base: bool, engine: Sto
                 if stack.base.local and inputs.base_pin and loaded != inputs.base_pin:
                     raise BuildFailure(f"{stack.name}: the base in buildah's storage is {loaded}, the committed "
                                        f"lock records {inputs.base_pin}: run `builder base`")
-            # The canonical image computed, never stored (one copy of the layers in flight, not two): its
-            # id to compare, its layers and config to describe a difference, the engine's image for files.
-            native_id = fresh.build_native(request)
-            # Layers the host's builds already rewrote are looked up: the canonical form is a function
-            # of the engine's layer bytes, so only what this build made differently is read.
-            built = fresh.canonical_preview(native_id, request, known=engine.canonical_index())
-            new_id = built.image_id
+            # The builder's own build, written once into the private storage's layout: its id to compare,
+            # its layers and config to describe a difference, its files where the layers differ.
+            new_id = fresh.build(request).image_id
             if new_id == image.image_id:
                 return layer_diff.Comparison(first_id=image.image_id, second_id=new_id)
             locked, locked_engine = _locked_image(engine, image.image_id, export, image.report)
-            comparison = _describe_difference(image.image_id, new_id, locked, locked_engine, built, fresh, native_id)
+            comparison = _describe_difference(image.image_id, new_id, locked, locked_engine, fresh.inspect(new_id),
+                                              fresh)
             return replace(comparison, first_engine=f"{locked_by} (matrix.lock)", second_engine=f"{built_by} (this build)")
         finally:
             layer_diff.discard_storage(fresh, fresh.storage_dir)
