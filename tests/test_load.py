@@ -1,6 +1,7 @@
 """`builder build --load`, as buildx: the Docker daemon gets the passed image only when asked, under its
-tags, with the same id; without --load a build's engine copies nothing there. A tiny image built from
-scratch in private buildah storage (a short path: podman's runroot limit)."""
+tags, with the same id; without --load a build's engine copies nothing there. A tiny image written on the
+test base in private buildah storage (a short path: podman's runroot limit). The fixture is not called
+`built`: that name puts a module in the default row's lane (tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ pytestmark = pytest.mark.engine
 
 
 @pytest.fixture
-def built(tmp_path, base_image):
+def small_image(tmp_path, base_image):
     root = Path(tempfile.mkdtemp(prefix="load-", dir="/var/tmp"))
     engine = BuildahEngine(storage_dir=root / "s", export_to_docker=False)
     engine.load(base_image.archive)
@@ -42,8 +43,8 @@ def built(tmp_path, base_image):
     shutil.rmtree(root)
 
 
-def test_a_build_without_load_leaves_the_docker_daemon_alone(built):
-    engine, result, tags = built
+def test_a_build_without_load_leaves_the_docker_daemon_alone(small_image):
+    engine, result, tags = small_image
     assert result.delivered_bytes == 0
     client = docker.from_env()
     with pytest.raises(docker.errors.ImageNotFound):
@@ -51,8 +52,8 @@ def test_a_build_without_load_leaves_the_docker_daemon_alone(built):
     assert [store for store, _ in engine.stores()] == ["buildah"]  # the immutable guard looks only there
 
 
-def test_load_puts_the_image_into_docker_under_its_tags_once(built):
-    engine, result, tags = built
+def test_load_puts_the_image_into_docker_under_its_tags_once(small_image):
+    engine, result, tags = small_image
     loader = engine.docker_loader()
     assert loader.storage_dir == engine.storage_dir and loader.export_to_docker
     moved = loader.load_into_docker(result, tags)
@@ -63,8 +64,8 @@ def test_load_puts_the_image_into_docker_under_its_tags_once(built):
     assert loader.load_into_docker(result, tags) == 0  # already there: nothing moves again
 
 
-def test_an_engine_that_delivers_nowhere_refuses_to_load(built):
-    engine, result, tags = built
+def test_an_engine_that_delivers_nowhere_refuses_to_load(small_image):
+    engine, result, tags = small_image
     with pytest.raises(UserError, match="delivers nowhere"):
         engine.load_into_docker(result, tags)
 
