@@ -121,7 +121,6 @@ class BuildahEngine:
             "--pull=never",
             "--force-rm",
         ]
-        argv += ["--build-arg", f"SOURCE_DATE_EPOCH={request.source_date_epoch}"]
         argv += request_flags(request)
         argv.append(str(request.context_dir))
         return argv

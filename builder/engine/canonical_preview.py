@@ -12,12 +12,13 @@ kept. The base's layers are taken as they are, as the builder takes them.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import subprocess
 import tarfile
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -56,17 +57,14 @@ def canonical_config(buildah: Sequence[str], native: NativeImage, workdir: Path)
     wanted = {(native.diff_ids[i], drops[i]) for i in range(native.base_layers, len(native.diff_ids))}
     workdir.mkdir(parents=True, exist_ok=True)
     with _pushed_archive(buildah, native.image_id, workdir) as archive:
-        try:
-            for member in archive:
-                name = _LAYER_MEMBER.match(member.name)
-                if not member.isreg() or name is None:
-                    continue
-                diff_id = f"sha256:{name.group(1)}"
-                flags = sorted(drop for layer, drop in wanted if layer == diff_id)
-                if flags:
-                    made.update(_rewritten(archive.extractfile(member), diff_id, flags, workdir))
-        except tarfile.TarError as error:
-            raise BuildFailure(f"buildah's archive of {native.image_id} is no readable tar: {error}") from None
+        for member in archive:
+            name = _LAYER_MEMBER.match(member.name)
+            if not member.isreg() or name is None:
+                continue
+            diff_id = f"sha256:{name.group(1)}"
+            flags = sorted(drop for layer, drop in wanted if layer == diff_id)
+            if flags:
+                made.update(_rewritten(archive.extractfile(member), diff_id, flags, workdir))
     missing = wanted - made.keys()
     if missing:
         raise BuildFailure(f"buildah's archive of {native.image_id} lacks layer {sorted(missing)[0][0]}")
@@ -96,38 +94,34 @@ def _rewritten(stream: IO[bytes], diff_id: str, flags: list[bool], workdir: Path
         return result
 
 
-class _pushed_archive:
+@contextlib.contextmanager
+def _pushed_archive(buildah: Sequence[str], image_id: str, workdir: Path) -> Iterator[tarfile.TarFile]:
     """`buildah push IMAGE docker-archive:` into a pipe, read as a tar going forward only. Leaving the
-    block waits for buildah and raises its error; an archive cut short fails on its last layer's digest."""
-
-    def __init__(self, buildah: Sequence[str], image_id: str, workdir: Path) -> None:
-        self.argv, self.image_id, self.workdir = list(buildah), image_id, workdir
-
-    def __enter__(self) -> tarfile.TarFile:
-        read_end, write_end = os.pipe()
-        self.errors = tempfile.TemporaryFile(dir=self.workdir)
-        # buildah opens the pipe by its /dev/fd path: docker-archive takes a pipe as well as a file.
-        self.process = subprocess.Popen(
-            [*self.argv, "push", "--quiet", self.image_id, f"docker-archive:/dev/fd/{write_end}"],
-            pass_fds=(write_end,), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self.errors,
-            env={**os.environ, "TMPDIR": str(self.workdir)})
-        os.close(write_end)
-        self.stream = os.fdopen(read_end, "rb")
+    block waits for buildah: a failed buildah is the error said (it is the cause of whatever the reading
+    made of its archive), else an unreadable archive is; one cut short fails on its last layer's digest."""
+    read_end, write_end = os.pipe()
+    with tempfile.TemporaryFile(dir=workdir) as errors, os.fdopen(read_end, "rb") as stream:
         try:
-            return tarfile.TarFile(fileobj=canonical.ForwardReader(self.stream), mode="r")
-        except tarfile.TarError:
-            self._finish()
-            raise BuildFailure(f"buildah push of {self.image_id} wrote no archive") from None
-
-    def __exit__(self, kind, error, trace) -> None:
-        # A failed buildah is the cause of whatever the reading made of its archive: its error is the one said.
-        self._finish(check=kind is None or issubclass(kind, BuildFailure))
-
-    def _finish(self, check: bool = True) -> None:
-        self.stream.close()  # a buildah still writing gets EPIPE and stops
-        status = self.process.wait()
-        self.errors.seek(0)
-        message = self.errors.read().decode(errors="replace").strip().splitlines()
-        self.errors.close()
-        if check and status != 0:
-            raise BuildFailure(f"buildah push of {self.image_id} failed: {message[-1] if message else status}")
+            # buildah opens the pipe by its /dev/fd path: docker-archive takes a pipe as well as a file.
+            process = subprocess.Popen(
+                [*buildah, "push", "--quiet", image_id, f"docker-archive:/dev/fd/{write_end}"],
+                pass_fds=(write_end,), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=errors,
+                env={**os.environ, "TMPDIR": str(workdir)})
+        finally:
+            os.close(write_end)
+        failed: BuildFailure | tarfile.TarError | None = None
+        try:
+            yield tarfile.TarFile(fileobj=canonical.ForwardReader(stream), mode="r")
+        except (BuildFailure, tarfile.TarError) as error:
+            failed = error
+        finally:
+            stream.close()  # a buildah still writing gets EPIPE and stops
+            status = process.wait()
+        if status != 0:
+            errors.seek(0)
+            message = errors.read().decode(errors="replace").strip().splitlines()
+            raise BuildFailure(f"buildah push of {image_id} failed: {message[-1] if message else status}")
+        if isinstance(failed, tarfile.TarError):
+            raise BuildFailure(f"buildah's archive of {image_id} is no readable tar: {failed}") from None
+        if failed is not None:
+            raise failed

@@ -96,7 +96,6 @@ class DockerEngine:
             "--progress=plain",
             "--file", str(request.dockerfile),
             "--iidfile", str(iidfile),
-            "--build-arg", f"SOURCE_DATE_EPOCH={request.source_date_epoch}",
         ]
         argv += request_flags(request)
         argv.append(str(request.context_dir))

@@ -85,6 +85,11 @@ class BuildRequest:
             if not _SECRET_ID.match(secret_id):
                 raise UserError(f"bad secret id {secret_id!r}: use letters, digits, '.', '_' or '-'")
 
+    def build_arguments(self) -> dict[str, str]:
+        """The build arguments every engine's build, and the builder's own, are given: SOURCE_DATE_EPOCH
+        from source_date_epoch, then the request's own (a value of its own for it wins)."""
+        return {"SOURCE_DATE_EPOCH": str(self.source_date_epoch), **self.build_args}
+
 
 @dataclass(frozen=True)
 class Layer:
@@ -301,7 +306,7 @@ def request_flags(request: BuildRequest) -> list[str]:
         argv += ["--network", request.network]
     if request.platform:
         argv += ["--platform", request.platform]
-    for name, value in request.build_args.items():
+    for name, value in request.build_arguments().items():
         argv += ["--build-arg", f"{name}={value}"]
     for name, value in request.labels.items():
         argv += ["--label", f"{name}={value}"]

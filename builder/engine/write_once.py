@@ -9,7 +9,8 @@ install steps are not run: their layers are written from the groups' plans strai
 (builder/oci/wheel_layer.py). No engine runs a step, commits a layer or exports one; buildah only
 hands over the base. The config and history are the builder's, from the Dockerfile
 (builder/oci/dockerfile_plan.py), in the canonical form (builder/oci/canonical.py) an engine-built image
-is put in to prove the Dockerfile is the spec (canonical_preview.py), so both paths name one image by one id. The finished image stays in the layout: its home.
+is put in to prove the Dockerfile is the spec (canonical_preview.py), so both paths name one image by one
+id. The finished image stays in the layout: its home.
 """
 
 from __future__ import annotations
@@ -277,10 +278,7 @@ def write_image(buildah: Sequence[str], request: BuildRequest, root: Path, progr
     started = time.monotonic()
     store, workdir, indexes = Layout.create(root / "layout"), scratch_dir(root), _indexes(root)
     cache, memo = step_cache.StepCache(root / "steps"), step_cache.DigestMemo(root / "digests.json")
-    # SOURCE_DATE_EPOCH as buildah_command gives it (a request's own value comes after and wins): the
-    # same Dockerfile's steps see the same epoch on both paths.
-    build_args = {"SOURCE_DATE_EPOCH": str(request.source_date_epoch), **request.build_args}
-    plan = dockerfile_plan.parse(request.dockerfile.read_text(), build_args)
+    plan = dockerfile_plan.parse(request.dockerfile.read_text(), request.build_arguments())
     base_id, base_config = _base(buildah, plan.base)
     config = _Config(base_config)
     base_layers = list(config.diff_ids)
