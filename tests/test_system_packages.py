@@ -147,6 +147,31 @@ def test_d_a_tampered_deb_is_refused_by_its_hash_in_one_line(debs, tmp_path):
 
 
 @pytest.mark.network
+def test_d_a_deb_no_source_serves_fails_in_one_line_and_the_others_are_kept(debs, tmp_path):
+    server = LoopbackServer(tmp_path / "served")
+    signer = Signer(tmp_path / "signer")
+    mirror = DebianMirror(server, signer)
+    mirror.publish(debs, FIRST_DATE)
+    try:
+        spec = AptSpec("debian", "bookworm", DEFAULT_PACKAGES, "root", sources=(mirror.source_line,),
+                       keyring=str(signer.keyring), snapshot="")
+        locked = debian_archive.resolve(spec)
+        victim = next(p for p in locked.packages if p.name == "libnuma1")
+        (mirror.root / victim.filename).unlink()  # the mirror moved on and there is no snapshot
+        cache = DebCache(tmp_path / "cache")
+        with pytest.raises(BuildFailure) as failed:
+            cache.fill(locked, "row", lambda: spec.sources)
+        message = str(failed.value)
+        assert "\n" not in message
+        assert message == f"row: {victim.pin} could not be fetched: {mirror.uri}/{victim.filename}: 404"
+        # The downloads run at once, and each ran to its end: the next fill fetches only the missing one.
+        assert cache.missing(locked) == [victim]
+        assert not list((cache.root / "staging").iterdir())
+    finally:
+        server.stop()
+
+
+@pytest.mark.network
 def test_d_a_bad_inrelease_signature_is_refused_in_one_line_and_nothing_is_locked(debs, tmp_path):
     server = LoopbackServer(tmp_path / "served")
     trusted, other = Signer(tmp_path / "trusted"), Signer(tmp_path / "other", name="someone else")
