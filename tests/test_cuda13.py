@@ -158,6 +158,12 @@ def test_the_bake_reads_only_its_inputs_and_a_sglang_patch_comes_after_it():
     patches = [i for i, step in enumerate(steps) if "apply_patch.py" in step and step.startswith("RUN")]
     assert len(patches) == 2 and bake < min(patches)
     assert not any("stack.json" in step for step in steps[:bake])
+    # The byte-compile comes right after the bake, which writes no bytecode, so the build runs the two
+    # side by side (docs/write-once.md); a row without a bake compiles before its patches.
+    assert '"PYTHONDONTWRITEBYTECODE=1"' in steps[bake] and '"compile"' in steps[bake + 1]
+    old_steps = [line for line in (OLD / "Dockerfile").read_text().splitlines() if line.startswith("RUN")]
+    compile_step = next(i for i, step in enumerate(old_steps) if '"compile"' in step)
+    assert all(compile_step < i for i, step in enumerate(old_steps) if "apply_patch.py" in step)
 
     patch = lambda distribution: render.RenderedPatch(distribution, "1", "0001-x.patch", "p", "t", "0" * 64, ())
     sglang, flashinfer = patch("sglang"), patch("flashinfer-python")

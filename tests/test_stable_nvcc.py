@@ -90,6 +90,8 @@ def test_the_cuda_home_nvcc_is_the_launcher_and_the_other_tools_are_links(compil
     assert not (home / "bin").is_symlink()
     assert os.readlink(home / "bin" / "ptxas") == str(toolkit / "bin" / "ptxas")
     launcher = (home / "bin" / "nvcc").read_text()
+    # -I ignores PYTHONDONTWRITEBYTECODE: -B keeps the bake from writing bytecode into site-packages.
+    assert f"{sys.executable} -I -B " in launcher
     cuda_home.assemble(home, toolkit)
     assert (home / "bin" / "nvcc").read_text() == launcher  # again: unchanged
     out = tmp_path / "k.o"

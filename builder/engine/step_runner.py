@@ -47,6 +47,8 @@ _MOUNTS = [
 # tell a dead build's container (sweep) from a live one.
 _NAME_PREFIX = "builder-step-"
 _NAME = re.compile(rf"^{_NAME_PREFIX}(\d+)-[0-9a-f]{{8}}$")
+# cgroup v1's least cpu.shares (runc maps it onto cgroup v2's cpu.weight 1).
+_LEAST_CPU_SHARES = 2
 
 
 def engine_traces(root: Path) -> None:
@@ -106,8 +108,13 @@ def process_user(root: Path, user: str | None) -> dict:
 
 
 def runtime_spec(root: Path, argv: Sequence[str], env: Mapping[str, str], user: str | None, workdir: str | None,
-                 binds: Sequence[tuple[Path, str]]) -> dict:
-    """The OCI runtime spec of one step: `binds` are (host path, target in the image) mounted read-only."""
+                 binds: Sequence[tuple[Path, str]], background: bool = False) -> dict:
+    """The OCI runtime spec of one step: `binds` are (host path, target in the image) mounted read-only.
+    `background`: the step's own cgroup gets the least CPU weight (the runtime gives each container a
+    cgroup, whose weight decides among containers whatever their processes' nice values)."""
+    resources: dict = {"devices": [{"allow": False, "access": "rwm"}]}
+    if background:
+        resources["cpu"] = {"shares": _LEAST_CPU_SHARES}
     return {
         "ociVersion": "1.0.2",
         "process": {"user": process_user(root, user), "args": list(argv),
@@ -119,7 +126,7 @@ def runtime_spec(root: Path, argv: Sequence[str], env: Mapping[str, str], user: 
         "mounts": [*_MOUNTS, *({"destination": target, "type": "bind", "source": str(source),
                                 "options": ["rbind", "ro", "nosuid", "nodev"]} for source, target in binds)],
         "linux": {"namespaces": [{"type": kind} for kind in ("pid", "network", "ipc", "uts", "mount")],
-                  "resources": {"devices": [{"allow": False, "access": "rwm"}]},
+                  "resources": resources,
                   "maskedPaths": ["/proc/kcore", "/proc/keys", "/proc/timer_list", "/proc/sched_debug",
                                   "/sys/firmware"],
                   "readonlyPaths": ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"]},
@@ -134,18 +141,22 @@ class StepRunner:
         self.state, self.scratch = state, scratch
 
     def run(self, root: Path, argv: Sequence[str], env: Mapping[str, str], user: str | None, workdir: str | None,
-            binds: Sequence[tuple[Path, str]], what: str, on_line: Callable[[str], None] | None = None) -> None:
+            binds: Sequence[tuple[Path, str]], what: str, on_line: Callable[[str], None] | None = None,
+            background: bool = False) -> None:
         """`argv` in `root`; a non-zero exit is a StepFailure with the output's tail. The mount points the
-        runtime made for `binds` are removed after, as `buildah build` removes those buildah run made."""
+        runtime made for `binds` are removed after, as `buildah build` removes those buildah run made.
+        `background`: the step runs on the CPU time other steps leave (runtime_spec; nice 19 besides)."""
         made = [root / target.lstrip("/") for _, target in binds if not os.path.lexists(root / target.lstrip("/"))]
         engine_traces(root)
         name = f"{_NAME_PREFIX}{os.getpid()}-{secrets.token_hex(4)}"
         bundle = self.scratch / name
         bundle.mkdir(parents=True)
         try:
-            (bundle / "config.json").write_text(json.dumps(runtime_spec(root, argv, env, user, workdir, binds)))
-            run_streaming([RUNTIME, "--root", str(self.state), "run", "--bundle", str(bundle), name], what=what,
-                          on_line=on_line)
+            (bundle / "config.json").write_text(json.dumps(runtime_spec(root, argv, env, user, workdir, binds,
+                                                                        background)))
+            lowered = ["nice", "-n", "19"] if background else []
+            run_streaming([*lowered, RUNTIME, "--root", str(self.state), "run", "--bundle", str(bundle), name],
+                          what=what, on_line=on_line)
         finally:
             _delete(self.state, name)
             shutil.rmtree(bundle, ignore_errors=True)

@@ -31,7 +31,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from builder.engine import overlay_mount, staging, step_runner
+from builder.engine import compile_beside, overlay_mount, staging, step_runner
+from builder.engine.compile_beside import INSTALL_TOOL
 from builder.engine.image_names import image_names
 from builder.engine.process import run_quiet
 from builder.engine.protocol import BuildRequest, ProgressCallback
@@ -41,14 +42,12 @@ from builder.oci import canonical, context_copy
 from builder.oci import dockerfile_plan, layer_listing, step_cache, tree_layer, wheel_layer
 from builder.oci.layer_index import LayerIndex, LayerIndexes
 from builder.oci.layout import Layout, digest_of, linked_layout
-from builder.paths import TOOLS_DIR, layer_listings_dir
+from builder.paths import layer_listings_dir
 
 _REF = "image"
 # What buildah leaves in the layer of a RUN step with a bind mount besides the step's own changes (1.28.2
 # and 1.39.3 alike, whatever the mount's target): the image's /run, as the base has it.
 _BIND_MOUNT_LEAVES = ("run",)
-# The image's tool that lays out a wheel plan (builder/runtime/install_wheels.py, templates/partials/install.j2).
-INSTALL_TOOL = f"{TOOLS_DIR}/install_wheels.py"
 
 
 @dataclass(frozen=True)
@@ -249,10 +248,46 @@ def _copied_to(step: dockerfile_plan.Step) -> str | None:
 
 
 def _run_step(runner: step_runner.StepRunner, root: Path, step: dockerfile_plan.Step, context_dir: Path,
-              config: _Config, args: dict[str, str], progress: ProgressCallback | None) -> None:
+              config: _Config, args: dict[str, str], progress: ProgressCallback | None, background: bool = False) -> None:
     runner.run(root, step.argv, {**args, **config.env()}, config.inner.get("User"), config.inner.get("WorkingDir"),
                [(context_dir / source, target) for source, target in step.mounts],
-               what=f"RUN at Dockerfile line {step.line}", on_line=progress)
+               what=f"RUN at Dockerfile line {step.line}", on_line=progress, background=background)
+
+
+class _Beside:
+    """The byte-compile step run on a root of its own beside the step before it (compile_beside.py):
+    started with that step, its layer taken only when that step's layer cannot have changed it."""
+
+    def __init__(self, index: int, reads: compile_beside.CompileReads, future: Future) -> None:
+        self.index, self.reads, self.future = index, reads, future
+
+    def layer(self, store: Layout, between: tree_layer.WrittenLayer) -> tuple[tree_layer.WrittenLayer | None, str]:
+        """The compile's layer and '' where it holds on top of `between`; else None and why not."""
+        try:
+            layer = self.future.result()
+        except (BuildFailure, OSError) as failure:  # it runs again in its place, where a failure is the build's
+            return None, f"it failed beside it ({str(failure).splitlines()[0]})"
+        reason = compile_beside.difference(self.reads, store.blob_path(between.diff_id),
+                                           store.blob_path(layer.diff_id), [row[0].lstrip("/") for row in layer.listing])
+        return (layer, "") if reason is None else (None, reason)
+
+
+def _step_on_own_stack(store: Layout, lowers: Sequence[LayerIndex], roots: Path, workdir: Path,
+                       runner: step_runner.StepRunner, step: dockerfile_plan.Step, request: BuildRequest,
+                       config: _Config, args: dict[str, str], after_run: bool) -> tree_layer.WrittenLayer:
+    """`step` run in the background (on the CPU time other steps leave) on `lowers` stacked under an upper directory of its own, and its
+    layer written; the build's root is left alone."""
+    build_started = tree_layer.mark(workdir)
+    with overlay_mount.stacked(lowers, roots) as stack:
+        if after_run:
+            step_runner.engine_stubs(stack.merged)
+        before = tree_layer.snapshot(stack.upper)
+        since = tree_layer.mark(workdir)
+        _run_step(runner, stack.merged, step, request.context_dir, config, args, None, background=True)
+        layer, _ = tree_layer.write_step_layer(store, stack.merged, stack.upper, since, before,
+                                               request.source_date_epoch, drop_stubs=True,
+                                               build_started_ns=build_started, lowers=stack.lowers)
+    return layer
 
 
 def step_keys(plan: dockerfile_plan.Plan, base_id: str, epoch: int, context_dir: Path,
@@ -300,6 +335,9 @@ def write_image(buildah: Sequence[str], request: BuildRequest, root: Path, progr
     before: dict = {}
     build_started = 0
     groups = _GroupWriter(store, indexes, request, memo)
+    beside_pool = ThreadPoolExecutor(1, thread_name_prefix="beside")
+    beside: _Beside | None = None
+    layer = None
     try:
         for index in range(first_to_run, len(plan.steps)):
             groups.start(index, plan.steps[index])
@@ -307,11 +345,16 @@ def write_image(buildah: Sequence[str], request: BuildRequest, root: Path, progr
             step = plan.steps[index]
             if _applied_without_layer(plan, step, config, args, created):
                 continue
-            layer = groups.written(index)
-            from_plan = layer is not None
-            if from_plan:
+            previous, layer, how = layer, groups.written(index), " (written from its wheel plan)"
+            if beside is not None and beside.index == index:
+                layer, why_not = beside.layer(store, previous)
+                how = f" (run beside line {plan.steps[index - 1].line})"
+                if layer is None and progress:
+                    progress(f"line {step.line}: run again on top of line {plan.steps[index - 1].line}: {why_not}")
+            if layer is not None:
                 current = False
             else:
+                how = ""
                 if not current:
                     stacking = time.monotonic()
                     lowers = own_root.lowers(config.diff_ids)
@@ -328,6 +371,8 @@ def write_image(buildah: Sequence[str], request: BuildRequest, root: Path, progr
                     context_copy.copy_into(own_root.stack.merged, [request.context_dir / source for source in step.sources],
                                            step.destination)
                 else:
+                    beside = _start_beside(beside_pool, plan, index, config, store, own_root, workdir, runner,
+                                           request, args) or beside
                     _run_step(runner, own_root.stack.merged, step, request.context_dir, config, args, progress)
                 layer, before = tree_layer.write_step_layer(store, own_root.stack.merged, own_root.stack.upper, since, before,
                                                             request.source_date_epoch,
@@ -342,16 +387,34 @@ def write_image(buildah: Sequence[str], request: BuildRequest, root: Path, progr
             config.record(step, created, layer.diff_id)
             if progress:
                 progress(f"layer {len(config.diff_ids)}: {layer.diff_id} ({layer.size} bytes, "
-                         f"{layer.entries} entries) from line {step.line}"
-                         f"{' (written from its wheel plan)' if from_plan else ''}")
+                         f"{layer.entries} entries) from line {step.line}{how}")
     finally:
         groups.close()
+        beside_pool.shutdown(wait=True)  # a step beside a failed one ends before its root goes
         own_root.close()
     memo.save()
     data = config.serialised()
     descriptors = tuple(canonical.layer_descriptors(config.diff_ids, sizes))
     return WrittenImage(digest_of(data), data, descriptors, written, reused.layers, bytes_written,
                         round(time.monotonic() - started, 1))
+
+
+def _start_beside(pool: ThreadPoolExecutor, plan: dockerfile_plan.Plan, index: int, config: _Config, store: Layout,
+                  own_root: _OwnRoot, workdir: Path, runner: step_runner.StepRunner, request: BuildRequest,
+                  args: dict[str, str]) -> _Beside | None:
+    """The byte-compile step started beside the RUN step `index` when it comes right after it."""
+    following = index + 1
+    if following >= len(plan.steps):
+        return None
+    reads = compile_beside.compile_reads(plan.steps[following], config.env())
+    if reads is None:
+        return None
+    lowers, step = own_root.lowers(config.diff_ids), plan.steps[following]
+    # As the step will find them: nothing between the two steps changes them.
+    settings, step_args = copy.deepcopy(config), dict(args)
+    return _Beside(following, reads, pool.submit(
+        _step_on_own_stack, store, lowers, own_root.scratch, workdir, runner, step, request, settings, step_args,
+        after_run=True))
 
 
 class _GroupWriter:

@@ -27,6 +27,7 @@ import os
 import stat
 import struct
 import tarfile
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -128,7 +129,7 @@ def mark(scratch: Path) -> int:
     """The kernel's clock now, as a ctime (a file's, so in the clock's own coarse ticks), with a pause
     on each side: nothing the previous step wrote shares it, and nothing the next step writes is older."""
     time.sleep(0.02)
-    marker = scratch / f".builder-mark-{os.getpid()}"
+    marker = scratch / f".builder-mark-{os.getpid()}-{threading.get_native_id()}"  # two steps may run at once
     marker.write_bytes(b"")
     try:
         return marker.stat().st_ctime_ns

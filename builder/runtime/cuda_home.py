@@ -22,9 +22,11 @@ from pathlib import Path
 
 WHEEL_ROOT = ("nvidia", "cu13")
 _LINKED = ("include", "nvvm")
+# -B: -I ignores PYTHONDONTWRITEBYTECODE, and the bake must leave no bytecode in site-packages (the
+# byte-compile after it writes every module's, docs/write-once.md).
 _LAUNCHER = """#!/bin/sh
 # nvcc with its pid taken out of the objects it writes (stable_nvcc.py)
-exec {python} -I {stable} {nvcc} "$@"
+exec {python} -I -B {stable} {nvcc} "$@"
 """
 
 

@@ -1,6 +1,6 @@
 """nvcc whose objects do not depend on its process id, with ptxas running in several threads.
 
-    python -I stable_nvcc.py REAL_NVCC ARGS...   (what cuda-home/bin/nvcc runs; cuda_home.assemble)
+    python -I -B stable_nvcc.py REAL_NVCC ARGS...   (what cuda-home/bin/nvcc runs; cuda_home.assemble)
 
 nvcc names its temporary files tmpxft_<its pid as 8 hex digits>_<a counter> and writes that name into
 the object it makes (the fatbinary's wrapper and the static initialiser's symbols). A pid depends on
