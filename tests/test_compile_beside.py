@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from engine_helpers import EPOCH, TEST_BASE_TAG, engine_image, write_context
 
-from builder.engine import compile_beside
+from builder.engine import compile_beside, step_runner
 from builder.engine.buildah import BuildahEngine
 from builder.engine.protocol import BuildRequest
 from builder.oci import dockerfile_plan
@@ -139,8 +139,6 @@ def test_a_compile_run_beside_gives_the_engines_image(base_image, tmp_path, monk
 
 
 def test_a_step_in_the_background_gets_the_least_cpu_weight_for_its_container(tmp_path):
-    from builder.engine import step_runner
-
     (tmp_path / "etc").mkdir()
     spec = step_runner.runtime_spec(tmp_path, ["/bin/true"], {}, None, None, [], background=True)
     assert spec["linux"]["resources"]["cpu"] == {"shares": 2}

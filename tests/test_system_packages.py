@@ -9,6 +9,7 @@ an empty cache, while `builder lock` names the version change and makes the new 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import re
 import urllib.request
@@ -121,8 +122,10 @@ def test_a_moved_archive_still_gives_the_locked_base_and_relocking_says_what_mov
         server.stop()
 
 
-@pytest.mark.network
-def test_d_a_tampered_deb_is_refused_by_its_hash_in_one_line(debs, tmp_path):
+@contextlib.contextmanager
+def _locked_from_a_mirror(debs, tmp_path):
+    """A signed loopback mirror with no snapshot, the base's packages locked from it, and libnuma1's
+    locked .deb: (mirror, spec, locked, libnuma1)."""
     server = LoopbackServer(tmp_path / "served")
     signer = Signer(tmp_path / "signer")
     mirror = DebianMirror(server, signer)
@@ -131,7 +134,14 @@ def test_d_a_tampered_deb_is_refused_by_its_hash_in_one_line(debs, tmp_path):
         spec = AptSpec("debian", "bookworm", DEFAULT_PACKAGES, "root", sources=(mirror.source_line,),
                        keyring=str(signer.keyring), snapshot="")
         locked = debian_archive.resolve(spec)
-        victim = next(p for p in locked.packages if p.name == "libnuma1")
+        yield mirror, spec, locked, next(p for p in locked.packages if p.name == "libnuma1")
+    finally:
+        server.stop()
+
+
+@pytest.mark.network
+def test_d_a_tampered_deb_is_refused_by_its_hash_in_one_line(debs, tmp_path):
+    with _locked_from_a_mirror(debs, tmp_path) as (mirror, spec, locked, victim):
         served = mirror.root / victim.filename
         served.write_bytes(served.read_bytes()[:-16] + b"\0" * 16)  # same name and size, other bytes
         cache = DebCache(tmp_path / "cache")
@@ -142,21 +152,11 @@ def test_d_a_tampered_deb_is_refused_by_its_hash_in_one_line(debs, tmp_path):
         assert message.startswith(f"row: {mirror.uri}/{victim.filename} is not the locked libnuma1=")
         assert message.endswith("refused")
         assert not cache.path(victim).exists() and not list((cache.root / "staging").iterdir())
-    finally:
-        server.stop()
 
 
 @pytest.mark.network
 def test_d_a_deb_no_source_serves_fails_in_one_line_and_the_others_are_kept(debs, tmp_path):
-    server = LoopbackServer(tmp_path / "served")
-    signer = Signer(tmp_path / "signer")
-    mirror = DebianMirror(server, signer)
-    mirror.publish(debs, FIRST_DATE)
-    try:
-        spec = AptSpec("debian", "bookworm", DEFAULT_PACKAGES, "root", sources=(mirror.source_line,),
-                       keyring=str(signer.keyring), snapshot="")
-        locked = debian_archive.resolve(spec)
-        victim = next(p for p in locked.packages if p.name == "libnuma1")
+    with _locked_from_a_mirror(debs, tmp_path) as (mirror, spec, locked, victim):
         (mirror.root / victim.filename).unlink()  # the mirror moved on and there is no snapshot
         cache = DebCache(tmp_path / "cache")
         with pytest.raises(BuildFailure) as failed:
@@ -167,8 +167,6 @@ def test_d_a_deb_no_source_serves_fails_in_one_line_and_the_others_are_kept(debs
         # The downloads run at once, and each ran to its end: the next fill fetches only the missing one.
         assert cache.missing(locked) == [victim]
         assert not list((cache.root / "staging").iterdir())
-    finally:
-        server.stop()
 
 
 @pytest.mark.network
